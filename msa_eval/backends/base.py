@@ -1,0 +1,88 @@
+"""The one interface between the app (runner, agents) and a model.
+
+A backend takes prompts as *text* (or chat messages) so that the identical prompt text goes
+to every backend; token counting is the backend's business and is reported back.
+Errors of the model (empty output, bad format) are data; errors of the harness (endpoint
+unreachable after retries, invalid config) raise `BackendError`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class BackendError(RuntimeError):
+    """The harness, not the model, failed (unreachable endpoint, bad configuration)."""
+
+
+@dataclass
+class GenRequest:
+    """One generation. Exactly one of `prompt` (completion mode) or `messages` (chat mode)."""
+
+    id: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class GenResult:
+    id: str
+    text: str
+    finish_reason: str = "stop"  # "stop" | "length" | "error"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    error: str | None = None
+    # backend-specific measurements: attention_density, cost_usd, cached, peak_mem_bytes ...
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text exactly as the model produced it
+
+
+@dataclass
+class ChatResponse:
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    cost_usd: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def describe(self) -> dict[str, Any]:
+        """Config for the run manifest: model, attention, base URL... never secrets."""
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Run a batch; the backend applies its own concurrency. Same order as `requests`."""
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> ChatResponse:
+        """One chat turn with OpenAI-style tools (agents use this)."""
+
+    def count_tokens(self, text: str) -> int | None:
+        """Tokens of `text` under this backend's tokenizer, or None when unknown."""
