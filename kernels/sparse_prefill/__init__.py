@@ -1,0 +1,1 @@
+"""MSA sparse prefill attention over the paged KV cache (see README.md)."""
