@@ -13,6 +13,7 @@ from msa_eval import __version__
 COMMAND_MODULES = [
     "msa_eval.cli.models",
     "msa_eval.cli.generate",
+    "msa_eval.cli.serve",
 ]
 
 
