@@ -1,0 +1,125 @@
+"""RULER needle-in-a-haystack tasks (faithful re-implementations, HELMET's Recall category).
+
+Needle: "One of the special magic {numbers|uuids} for {key} is: {value}." Haystacks:
+`essay` (seeded essay-like prose, standing in for RULER's Paul Graham essays), `noise`
+(RULER's repeated "The grass is green..." block) or `needle` (distractor needles with other
+keys, RULER multikey 2/3). Scored by RULER recall: fraction of gold values in the output.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.helmet import text
+from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
+from tasks.helmet.fitting import cut_to_tokens, fit_parts
+from tasks.metrics import ruler_recall
+from tasks.registry import register_task
+
+
+class NiahTask(Task):
+    category = "recall"
+    fidelity = "faithful"
+    metric = "ruler_recall"
+    max_tokens = 32
+    haystack: ClassVar[str] = "essay"  # essay | noise | needle
+    key_kind: ClassVar[str] = "words"  # words | uuids
+    value_kind: ClassVar[str] = "numbers"  # numbers | uuids
+    num_values: ClassVar[int] = 1
+
+    def _key(self, rng: random.Random) -> str:
+        return text.word_key(rng) if self.key_kind == "words" else text.uuid_str(rng)
+
+    def _value(self, rng: random.Random) -> str:
+        return text.number(rng) if self.value_kind == "numbers" else text.uuid_str(rng)
+
+    def _needle(self, key: str, value: str) -> str:
+        return f"One of the special magic {self.value_kind} for {key} is: {value}."
+
+    def _haystack(self, seed: int, n: int, exclude: set[str]) -> list[str]:
+        rng = random.Random(seed ^ 0x5EED)
+        if self.haystack == "noise":
+            return text.noise_sentences(n)
+        if self.haystack == "essay":
+            return text.essay_sentences(rng, n)
+        keys = text.distinct(rng, self._key, n, exclude)
+        return [self._needle(k, self._value(rng)) for k in keys]
+
+    def build(self, index: int, spec: BuildSpec) -> Sample:
+        rng, seed = rng_for(self, spec, index)
+        key = self._key(rng)
+        values = text.distinct(rng, self._value, self.num_values)
+        depth = depth_for(index)
+        # multi-value: first needle at `depth`, the others at seeded depths
+        depths = [depth] + [rng.random() for _ in range(self.num_values - 1)]
+        vtype = self.value_kind
+        plural = "are all the" if self.num_values > 1 else "is the"
+        before = (
+            f"Some special magic {vtype} are hidden within the following text. Make sure to "
+            f"memorize it. I will quiz you about the {vtype} afterwards.\n"
+        )
+        after = f"\nWhat {plural} special magic {vtype} for {key} mentioned in the provided text?"
+        prefix = (
+            f"The special magic {vtype} for {key} mentioned in the provided text "
+            + ("are" if self.num_values > 1 else "is")
+        )
+
+        def make(n: int, tail: int) -> PromptParts:
+            units = self._haystack(seed, n + (1 if tail else 0), {key})
+            if tail:  # a partial extra haystack unit closes the gap to the target length
+                units[-1] = cut_to_tokens(units[-1], tail, spec.tokenizer)
+            for d, v in sorted(zip(depths, values), reverse=True):
+                pos = round(d * len(units))
+                units.insert(pos, self._needle(key, v))
+            return PromptParts(before, " ".join(units), after, prefix)
+
+        fit = fit_parts(make, spec, self.budget(spec), self.name, n_min=1, n_guess=64,
+                        tail_max=80)
+        return finish(self, index, spec, fit, values, seed, depth=depth, depths=depths,
+                      key=key, haystack=self.haystack)
+
+    def score(self, sample: Sample, output: str | None) -> dict[str, Any]:
+        if not output or not output.strip():
+            return failed_score(self.metric)
+        parsed = first_line(after_prefix(output, sample.metadata.get("answer_prefix", "")))
+        return {"score": ruler_recall(output, sample.answers), "metric": self.metric,
+                "parsed": parsed or None, "extraction_failed": not parsed}
+
+
+@register_task
+class NiahSingle(NiahTask):
+    name = "niah_single"
+    description = "RULER niah_single_2: one word-key -> 7-digit number needle in essay prose"
+
+
+@register_task
+class NiahSingleNoise(NiahTask):
+    name = "niah_single_noise"
+    haystack = "noise"
+    description = "RULER niah_single_1: one needle in the repeated 'grass is green' noise haystack"
+
+
+@register_task
+class NiahMultiKey2(NiahTask):
+    name = "niah_mk2"
+    haystack = "needle"
+    description = "RULER niah_multikey_2 (HELMET recall): haystack made of distractor needles (word keys, numbers)"
+
+
+@register_task
+class NiahMultiKey3(NiahTask):
+    name = "niah_mk3"
+    haystack = "needle"
+    key_kind = "uuids"
+    value_kind = "uuids"
+    max_tokens = 48
+    description = "RULER niah_multikey_3 (HELMET recall): UUID keys and UUID values, needle haystack"
+
+
+@register_task
+class NiahMultiValue(NiahTask):
+    name = "niah_mv"
+    num_values = 4
+    max_tokens = 64
+    description = "RULER niah_multivalue (HELMET recall): four values for one key in essay prose"
