@@ -1,0 +1,155 @@
+"""`LLM`: the offline API. Load a model (built-in name, HF directory or .gguf), pick the
+attention (`dense`, `msa`, `msa-ref`), and `generate` for prompts, chats or token ids."""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence as Seq
+
+import torch
+
+from engine.attention import ATTENTION_KINDS, DenseAttention
+from engine.errors import ContextTooLongError, EngineError
+from engine.kv_cache import CacheConfig, KVCache
+from engine.llm_engine import LLMEngine
+from engine.loader import load
+from engine.model import CausalLM
+from engine.sampling import SamplingParams
+from engine.scheduler import ScheduledChunk, SchedulerConfig
+from engine.sequence import Sequence
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2-135m", attention: str = "dense", device: str | None = None,
+                 dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None,
+                 page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None):
+        if attention not in ATTENTION_KINDS:
+            raise EngineError(f"unknown attention '{attention}': use one of {', '.join(ATTENTION_KINDS)}")
+        self.device = torch.device(device) if device else default_device()
+        if isinstance(dtype, str):
+            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        loaded = load(model, progress=progress)
+        self.model_id, self.model_path, self.config = loaded.model_id, loaded.path, loaded.config
+        self.model_sha256 = loaded.sha256
+        self.tokenizer = loaded.tokenizer
+        self.attention_kind = attention
+        self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
+        self.model = CausalLM(self.config)
+        self.model.load_weights(loaded.weights)
+        self.model.to(device=self.device, dtype=self.dtype)
+        self.model.setup_rope(self.device)
+        self.msa = None
+        attn, index_layers, index_dim, B = self._make_attention(attention, loaded, page_size, msa_overrides)
+        del loaded
+        tokens = kv_cache_tokens or int(os.environ.get("MSA_EVAL_KV_TOKENS", 0)) or max(2 * self.max_model_len, 32768)
+        cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.dtype)
+        self.cache = KVCache(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, cache_cfg,
+                             self.device, index_dim=index_dim, index_layers=index_layers)
+        self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,
+                                SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.max_model_len, self.device)
+        self._ids = itertools.count()
+
+    def _make_attention(self, attention: str, loaded, page_size: int | None, msa_overrides: dict | None):
+        scale = self.config.head_dim ** -0.5
+        if attention == "dense":
+            return DenseAttention(scale), (), 0, page_size or 128
+        from engine.msa_setup import make_msa_attention  # arrives with MSA-in-the-engine
+
+        return make_msa_attention(self, attention, loaded, page_size, msa_overrides or {})
+
+    # -- generation -----------------------------------------------------------------------
+    def _to_ids(self, p: Any) -> list[int]:
+        if isinstance(p, str):
+            return self.tokenizer.encode(p, add_special_tokens=True)
+        if isinstance(p, list) and p and isinstance(p[0], dict):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(p), add_special_tokens=False)
+        if isinstance(p, list) and all(isinstance(t, int) for t in p):
+            return list(p)
+        raise ValueError("a prompt must be a string, a chat (list of {'role','content'} dicts) or token ids")
+
+    def generate(self, prompts: Any, params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], (dict, int))):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        seqs = [self.engine.add_request(i, self._to_ids(p), sp) for i, p, sp in zip(ids, prompts, plist)]
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(seqs), desc="generate", unit="req")
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished and bar is not None:
+                        bar.update(1)
+        except BaseException:
+            for i in ids:
+                self.engine.abort(i)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [self._output(self.engine.pop_finished(s.request_id)) for s in seqs]
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        text = self.tokenizer.decode(seq.output_ids)
+        for s in seq.params.stop:
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        return RequestOutput(seq.request_id, seq.prompt_ids, list(seq.output_ids), text, seq.finish_reason,
+                             seq.metrics())
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, token_ids: list[int], top_n: int = 0) -> list[tuple[float | None, dict[int, float]]]:
+        """log p(t_i | t_<i) for every token (None for the first) and the top_n alternatives."""
+        n = len(token_ids)
+        if n > self.max_model_len:
+            raise ContextTooLongError(f"{n} tokens exceed the model's context {self.max_model_len}",
+                                      limit=self.max_model_len, length=n)
+        eng = self.engine
+        rid = f"score-{next(self._ids)}"
+        seq = Sequence(rid, list(token_ids), SamplingParams(max_tokens=1), max_len=n)
+        eng.blocks.grow(rid, n)
+        out: list[tuple[float | None, dict[int, float]]] = [(None, {})]
+        try:
+            step = eng.scheduler.cfg.max_num_batched_tokens
+            for start in range(0, n, step):
+                c = ScheduledChunk(seq, start, min(step, n - start))
+                ids, pos, meta = eng._pack([c])
+                lp = torch.log_softmax(self.model.logits(self.model.hidden_states(ids, pos, meta, self.cache, eng.attention)), -1)
+                seq.num_computed += c.length
+                for j in range(c.length):
+                    t = start + j + 1
+                    if t >= n:
+                        break
+                    top = {}
+                    if top_n:
+                        v, i = torch.topk(lp[j], top_n)
+                        top = {int(a): float(b) for a, b in zip(i, v)}
+                    out.append((float(lp[j, token_ids[t]]), top))
+        finally:
+            eng.blocks.release(rid)
+        return out

@@ -1,0 +1,53 @@
+"""Resolve `--model` (built-in name, HF directory, .gguf path) and load it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import store
+from engine.config import ModelConfig
+from engine.errors import ModelNotFoundError
+from engine.tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    model_id: str  # a short name for reports
+    path: Path
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]  # HF parameter names, float32
+    tokenizer: Tokenizer
+    sha256: str | None  # of the weights file (GGUF) or None when not computed
+
+
+def resolve_model_path(model: str, progress: bool = True) -> tuple[str, Path]:
+    """Return (model_id, path). Built-in names are pulled on first use."""
+    if model in store.BUILTIN_MODELS:
+        return model, store.ensure(model, progress=progress)
+    p = Path(model).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return p.stem, p
+    if p.is_dir() and (p / "config.json").is_file():
+        return p.name, p
+    if p.exists():
+        raise ModelNotFoundError(
+            f"{model} is neither a .gguf file nor a directory with config.json: pass a built-in name "
+            f"({', '.join(store.BUILTIN_MODELS)}), an HF model directory or a .gguf path")
+    return store._builtin(model).name, Path()  # raises the unknown-name error
+
+
+def load(model: str, progress: bool = True) -> LoadedModel:
+    model_id, path = resolve_model_path(model, progress=progress)
+    if path.suffix == ".gguf":
+        from engine.loader.gguf_loader import load_gguf
+
+        cfg, weights, tok = load_gguf(path)
+        sha = store.BUILTIN_MODELS[model].sha256 if model in store.BUILTIN_MODELS else None
+    else:
+        from engine.loader.hf_loader import load_hf_dir
+
+        cfg, weights, tok = load_hf_dir(path)
+        sha = None
+    return LoadedModel(model_id, path, cfg, weights, tok, sha)

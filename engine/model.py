@@ -1,0 +1,119 @@
+"""Llama-family GQA decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM2), our own code.
+
+Tokens are packed `[T]` across requests; K/V go to the paged cache; attention goes through
+one dispatch object (`engine.attention`). Q/K/V and gate/up projections are fused into one
+matmul each. Logits are computed only for the rows the caller asks for.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.meta import AttentionMeta
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+from engine.rope import RotaryEmbedding, apply_rope
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * w.float()).to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, idx: int):
+        super().__init__()
+        self.idx, self.cfg = idx, cfg
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.in_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h), requires_grad=False)
+        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size), requires_grad=False) \
+            if cfg.qkv_bias else None
+        self.q_norm = nn.Parameter(torch.ones(d), requires_grad=False) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(d), requires_grad=False) if cfg.qk_norm else None
+        self.o_proj = nn.Parameter(torch.empty(h, self.q_size), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h), requires_grad=False)
+        self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size), requires_grad=False)
+
+    def qkv_proj(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x `[T, hidden]` (already normed) -> q `[T, Hq, d]`, k, v `[T, Hkv, d]` with RoPE."""
+        cfg, d = self.cfg, self.cfg.head_dim
+        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, d)
+        k = k.view(-1, cfg.num_kv_heads, d)
+        v = v.view(-1, cfg.num_kv_heads, d)
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, meta: AttentionMeta, cache: KVCache, attn, positions) -> torch.Tensor:
+        h = rms_norm(x, self.in_norm, self.cfg.rms_eps)
+        q, k, v = self.qkv_proj(h, cos, sin)
+        kc, vc = cache.k[self.idx], cache.v[self.idx]
+        kc[meta.slot_pages, :, meta.slot_offsets] = k.to(kc.dtype)
+        vc[meta.slot_pages, :, meta.slot_offsets] = v.to(vc.dtype)
+        o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
+        x = x + F.linear(o.reshape(o.shape[0], -1), self.o_proj)
+        h = rms_norm(x, self.post_norm, self.cfg.rms_eps)
+        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size), requires_grad=False)
+        self.lm_head = None if cfg.tie_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        self.rope: RotaryEmbedding | None = None
+        self.freq_factors: torch.Tensor | None = None
+
+    def load_weights(self, w: dict[str, torch.Tensor]) -> None:
+        """Take HF-named float32 tensors; fuse Q/K/V and gate/up."""
+        def take(name: str) -> torch.Tensor:
+            if name not in w:
+                raise KeyError(f"checkpoint lacks tensor {name}")
+            return w[name]
+
+        with torch.no_grad():
+            self.embed.copy_(take("model.embed_tokens.weight"))
+            self.norm.copy_(take("model.norm.weight"))
+            if self.lm_head is not None:
+                self.lm_head.copy_(w.get("lm_head.weight", w["model.embed_tokens.weight"]))
+            for i, L in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                L.in_norm.copy_(take(p + "input_layernorm.weight"))
+                L.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
+                L.qkv.copy_(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                if L.qkv_bias is not None:
+                    L.qkv_bias.copy_(torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+                if L.q_norm is not None:
+                    L.q_norm.copy_(take(p + "self_attn.q_norm.weight"))
+                    L.k_norm.copy_(take(p + "self_attn.k_norm.weight"))
+                L.o_proj.copy_(take(p + "self_attn.o_proj.weight"))
+                L.gate_up.copy_(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]))
+                L.down.copy_(take(p + "mlp.down_proj.weight"))
+        self.freq_factors = w.get("rope_freq_factors")
+
+    def setup_rope(self, device: torch.device) -> None:
+        self.rope = RotaryEmbedding(self.cfg, device, self.freq_factors)
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMeta,
+                      cache: KVCache, attn) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope(positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta, cache, attn, positions)
+        return rms_norm(x, self.norm, self.cfg.rms_eps)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(h, w).float()

@@ -1,0 +1,17 @@
+"""OpenAI-compatible HTTP server over `engine.LLM` (`msa-eval serve`).
+
+Layout: schemas (pydantic edge), async_engine (the one engine thread), textstream (stop
+strings, incremental text), toolcalls (render/parse tool calls), generation (one request),
+chat / completions (routes), metrics (Prometheus), app (assembly).
+"""
+from engine.server.config import ServerConfig
+
+__all__ = ["ServerConfig", "build_app", "create_app"]
+
+
+def __getattr__(name: str):
+    if name in ("build_app", "create_app"):
+        from engine.server import app
+
+        return getattr(app, name)
+    raise AttributeError(name)

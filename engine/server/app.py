@@ -1,0 +1,128 @@
+"""The FastAPI application of `msa-eval serve`: routes, error handlers, engine thread lifecycle.
+
+`build_app(llm, config)` wraps an already loaded `engine.LLM`; `create_app(config)` loads it.
+One engine thread (see async_engine) serves every request; the routes only render prompts,
+validate limits and turn engine outputs into OpenAI-shaped JSON or server-sent events.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from engine.server.async_engine import AsyncEngine, QueueFullError
+from engine.server.chat import chat_completions
+from engine.server.completions import completions
+from engine.server.config import ServerConfig
+from engine.server.errors import ApiError
+from engine.server.generation import ClientDisconnected
+from engine.server.metrics import ServerMetrics, kv_cache_usage
+from engine.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from engine.server.state import ServingState
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    e = errors[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    if e.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {e.get('msg')}", None
+    where = ".".join(loc) or "body"
+    return f"invalid request: {where}: {e.get('msg')}", (loc[0] if loc else None)
+
+
+def _on_step(metrics: ServerMetrics):
+    def update(engine: Any) -> None:
+        usage = kv_cache_usage(engine)
+        if usage is not None:
+            metrics.kv_cache_usage.set(usage)
+    return update
+
+
+def build_app(llm: Any, config: ServerConfig) -> FastAPI:
+    metrics = ServerMetrics()
+    bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics))
+    state = ServingState.build(llm, bridge, metrics, config.served_model_names)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        bridge.start()
+        yield
+        bridge.shutdown()
+
+    app = FastAPI(title="msa-eval OpenAI-compatible server", lifespan=lifespan)
+    app.state.serving = state
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        endpoint = request.url.path
+        if endpoint.startswith("/v1/"):
+            metrics.requests.labels(endpoint, str(response.status_code)).inc()
+            metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+        metrics.queue_depth.set(len(bridge.waiting_first_token))
+        metrics.running.set(bridge.admitted - len(bridge.waiting_first_token))
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return ApiError(400, message, param=param).response()
+
+    @app.exception_handler(QueueFullError)
+    async def full(_: Request, exc: QueueFullError) -> JSONResponse:
+        return ApiError(429, f"{exc}; retry later or start the server with a larger --max-queue",
+                        code="queue_full").response()
+
+    @app.exception_handler(ClientDisconnected)
+    async def gone(_: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def crash(_: Request, exc: Exception) -> JSONResponse:
+        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not bridge.alive:
+            return ApiError(503, "the engine thread is not running; restart the server").response()
+        return JSONResponse({"status": "ok", "model": state.model_names[0]})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.max_model_len)
+                               for n in state.model_names])
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, request: Request):
+        return await chat_completions(req, request, state)
+
+    @app.post("/v1/completions")
+    async def complete(req: CompletionRequest, request: Request):
+        return await completions(req, request, state)
+
+    return app
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    """Load the model named in `config` and return the app serving it."""
+    from engine import LLM
+
+    llm = LLM(model=config.model, attention=config.attention, device=config.device, dtype=config.dtype,
+              max_model_len=config.max_model_len, max_num_seqs=config.max_batch)
+    return build_app(llm, config)

@@ -1,0 +1,186 @@
+"""The bridge between asyncio request handlers and the engine's single driving thread.
+
+`LLMEngine` is not thread-safe and must be driven from ONE thread. `AsyncEngine` owns that
+thread: handlers put commands (add a request, abort one, run a function such as
+`prompt_logprobs` between steps) on a thread-safe queue; the thread applies them, calls
+`engine.step()` while anything is unfinished, and hands each `StepOutput` to the asyncio
+queue of its request through `loop.call_soon_threadsafe`. All concurrent requests are
+therefore batched by the engine's own scheduler (continuous batching).
+
+Admission control: at most `capacity` requests (running + waiting) are admitted; one more
+raises `QueueFullError` (HTTP 429). A handler that stops listening (client disconnect,
+cancellation) aborts its engine request in the `finally` of `stream`.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+
+class QueueFullError(RuntimeError):
+    """The server already holds `capacity` requests."""
+
+
+@dataclass
+class StreamEvent:
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Sink:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        engine: Any,
+        capacity: int,
+        on_step: Callable[[Any], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self.capacity = capacity
+        self._on_step = on_step  # called in the engine thread after every step (metrics)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, _Sink] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.admitted = 0  # touched only from the event loop thread
+        self.waiting_first_token: set[str] = set()
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._commands.put(("wake",))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------ event-loop side
+    async def stream(self, request_id: str, prompt_ids: list[int], params: Any) -> AsyncIterator[StreamEvent]:
+        """Admit one request and yield its events until it finishes (or the caller stops)."""
+        if self.admitted >= self.capacity:
+            raise QueueFullError(f"server is at capacity ({self.capacity} requests running or queued)")
+        self.admitted += 1
+        sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            self._sinks[request_id] = sink
+        self.waiting_first_token.add(request_id)
+        self._commands.put(("add", request_id, prompt_ids, params))
+        finished = False
+        try:
+            while not finished:
+                event: StreamEvent = await sink.queue.get()
+                self.waiting_first_token.discard(request_id)
+                finished = event.finished
+                yield event
+        finally:
+            with self._lock:
+                self._sinks.pop(request_id, None)
+            self.waiting_first_token.discard(request_id)
+            self.admitted -= 1
+            if not finished:
+                self._commands.put(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` on the engine thread between steps; return its result."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put(("call", fn, args, loop, future))
+        return await future
+
+    # ------------------------------------------------------------ engine thread
+    def _deliver(self, request_id: str, event: StreamEvent) -> None:
+        with self._lock:
+            sink = self._sinks.get(request_id)
+        if sink is not None:
+            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, event)
+
+    def _apply(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, request_id, prompt_ids, params = cmd
+            try:
+                self._engine.add_request(request_id, prompt_ids, params)
+            except Exception as e:  # a bad request must not kill the loop
+                self._deliver(request_id, StreamEvent([], True, None, f"{type(e).__name__}: {e}"))
+        elif kind == "abort":
+            try:
+                self._engine.abort(cmd[1])
+            except Exception:
+                pass  # already finished or never added
+        elif kind == "call":
+            _, fn, args, loop, future = cmd
+            try:
+                result, error = fn(*args), None
+            except Exception as e:
+                result, error = None, e
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:  # idle: sleep until a command arrives; busy: only take what is there
+                cmd = self._commands.get_nowait() if self._engine.has_unfinished() else self._commands.get()
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                self._apply(cmd)
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if self._stop.is_set() or not self._engine.has_unfinished():
+                continue
+            try:
+                outputs = self._engine.step()
+            except Exception as e:
+                self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, StreamEvent(list(out.new_token_ids), bool(out.finished), out.finish_reason))
+                if out.finished:
+                    self._forget(out.request_id)
+            if self._on_step is not None:
+                self._on_step(self._engine)
+
+    def _forget(self, request_id: str) -> None:
+        """Drop a finished request from the engine's table (LLM.generate does this with pop_finished)."""
+        try:
+            self._engine.pop_finished(request_id)
+        except (KeyError, AttributeError):
+            pass
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            ids = list(self._sinks)
+        for request_id in ids:
+            try:
+                self._engine.abort(request_id)
+            except Exception:
+                pass
+            self._deliver(request_id, StreamEvent([], True, None, message))
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

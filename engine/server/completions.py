@@ -1,0 +1,125 @@
+"""POST /v1/completions: text or token-id prompts, `echo`, and `logprobs` (for lm-eval).
+
+lm-eval's `local-completions` scores a continuation by sending prompt = context +
+continuation with echo=True, logprobs=1, max_tokens=1 and reading `token_logprobs` over the
+prompt positions. The log-probabilities come from `llm.prompt_logprobs` over prompt +
+generated tokens in one forward pass, run on the engine thread between steps; entry 0 is
+None (no context). Generated-token logprobs are recomputed that way too, i.e. they are
+log p under the model's full distribution, before temperature/top-p.
+Several prompts in one request become several choices; streaming takes one prompt only.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from engine.server.errors import ApiError
+from engine.server.generation import Generation
+from engine.server.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
+from engine.server.state import ServingState, reject_unsupported
+
+
+def _prompts(req: CompletionRequest, state: ServingState) -> list[list[int]]:
+    p = req.prompt
+    if isinstance(p, str):
+        prompts = [state.encode(p, add_special_tokens=True)]
+    elif not p:
+        prompts = []
+    elif isinstance(p[0], str):
+        prompts = [state.encode(s, add_special_tokens=True) for s in p]  # type: ignore[arg-type]
+    elif isinstance(p[0], int):
+        prompts = [list(p)]  # type: ignore[arg-type]
+    else:
+        prompts = [list(x) for x in p]  # type: ignore[union-attr]
+    if not prompts or any(len(x) == 0 for x in prompts):
+        raise ApiError(400, "prompt must be non-empty text or token ids", param="prompt")
+    vocab = getattr(state.llm.tokenizer, "vocab_size", None)
+    if vocab and any(not 0 <= t < vocab for x in prompts for t in x):
+        raise ApiError(400, f"prompt token ids must lie in 0..{vocab - 1}", param="prompt")
+    return prompts
+
+
+def _logprobs(state: ServingState, ids: list[int], rows: list[tuple[Any, dict]], offset0: int) -> CompletionLogprobs:
+    tok = state.llm.tokenizer
+    tokens = [tok.decode([t], skip_special_tokens=False) for t in ids]
+    offsets, pos = [], offset0
+    for s in tokens:
+        offsets.append(pos)
+        pos += len(s)
+    tops: list[dict[str, float] | None] = []
+    for lp, top in rows:
+        if lp is None:
+            tops.append(None)
+            continue
+        tops.append({(tok.decode([k], skip_special_tokens=False) if isinstance(k, int) else str(k)): float(v)
+                     for k, v in (top or {}).items()})
+    return CompletionLogprobs(tokens=tokens, token_logprobs=[None if lp is None else float(lp) for lp, _ in rows],
+                              top_logprobs=tops, text_offset=offsets)
+
+
+async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int], max_new: int,
+               http_request: Request) -> tuple[CompletionChoice, int]:
+    text, gen_ids, finish = "", [], "length"
+    if max_new > 0:
+        gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompt_ids, state.sampling_params(req, max_new),
+                         req.stop_strings())
+        text = await gen.run(http_request)
+        gen_ids, finish = list(gen.token_ids), gen.finish_reason or "stop"
+    prefix = state.llm.tokenizer.decode(prompt_ids, skip_special_tokens=False) if req.echo else ""
+    logprobs = None
+    if req.logprobs is not None:
+        all_ids = prompt_ids + gen_ids
+        rows = await state.engine.call(state.llm.prompt_logprobs, all_ids, req.logprobs)
+        keep = slice(0, None) if req.echo else slice(len(prompt_ids), None)
+        logprobs = _logprobs(state, all_ids[keep], list(rows)[keep], 0)
+    return CompletionChoice(index=index, text=prefix + text, finish_reason=finish, logprobs=logprobs), len(gen_ids)
+
+
+async def completions(req: CompletionRequest, http_request: Request, state: ServingState):
+    state.check_model(req.model)
+    reject_unsupported(req)
+    prompts = _prompts(req, state)
+    max_new = [state.check_length(len(p), req.max_tokens) for p in prompts]
+    if req.stream:
+        if len(prompts) != 1 or req.echo or req.logprobs is not None:
+            raise ApiError(400, "streaming completions take one prompt without echo or logprobs", param="stream")
+        gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts[0], state.sampling_params(req, max_new[0]),
+                         req.stop_strings())
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_sse(gen, req.model, include_usage), media_type="text/event-stream")
+    results = await asyncio.gather(*(_one(state, req, i, p, m, http_request) for i, (p, m) in enumerate(zip(prompts, max_new))))
+    prompt_tokens = sum(len(p) for p in prompts)
+    completion_tokens = sum(n for _, n in results)
+    return Completion(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=req.model,
+                      choices=[c for c, _ in results],
+                      usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                  total_tokens=prompt_tokens + completion_tokens))
+
+
+async def _sse(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(text: str, finish: str | None) -> str:
+        c = Completion(id=gen.request_id, created=created, model=model,
+                       choices=[CompletionChoice(index=0, text=text, finish_reason=finish)])
+        return f"data: {c.model_dump_json()}\n\n"
+
+    try:
+        async for piece in gen.deltas():
+            yield chunk(piece, None)
+    except ApiError as e:
+        yield f"data: {json.dumps(e.body())}\n\n"
+        return
+    yield chunk("", gen.finish_reason or "stop")
+    if include_usage:
+        p, c = len(gen.prompt_ids), len(gen.token_ids)
+        u = Completion(id=gen.request_id, created=created, model=model, choices=[],
+                       usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c))
+        yield f"data: {u.model_dump_json()}\n\n"
+    yield "data: [DONE]\n\n"

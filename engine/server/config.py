@@ -1,0 +1,24 @@
+"""Typed configuration of `msa-eval serve` (the CLI fills it; `create_app` consumes it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = "smollm2-135m"
+    attention: str = "dense"  # "dense" | "msa" | "msa-ref"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 16  # engine max_num_seqs: requests decoded together
+    max_queue: int = 64  # admitted requests beyond max_batch before answering 429
+    max_model_len: int | None = None
+    device: str | None = None
+    dtype: str | None = None
+    served_model_names: tuple[str, ...] = field(default_factory=tuple)  # extra names accepted in `model`
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_queue < 0:
+            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {self.max_batch} and {self.max_queue}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")

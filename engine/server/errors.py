@@ -1,0 +1,24 @@
+"""HTTP errors in the OpenAI error JSON shape: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from engine.server.schemas import ErrorBody, ErrorResponse
+
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 500: "server_error",
+          503: "service_unavailable"}
+
+
+class ApiError(Exception):
+    """An error answered to the client; `message` is one line that names the limit or the fix."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return ErrorResponse(error=ErrorBody(message=self.message, type=_TYPES.get(self.status, "invalid_request_error"),
+                                             param=self.param, code=self.code)).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)

@@ -1,0 +1,87 @@
+"""One engine request seen from a route: text deltas out, timings and counts kept on the object."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+
+from engine.server.errors import ApiError
+from engine.server.state import ServingState
+from engine.server.textstream import IncrementalText
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away; its engine request has been aborted."""
+
+
+class Generation:
+    """Drive one request through the engine bridge; `deltas()` yields safe-to-emit text.
+
+    After `deltas()` is exhausted: `text` (final output, cut before a stop string),
+    `token_ids` (tokens generated up to the stop), `finish_reason` ("stop" | "length").
+    """
+
+    def __init__(self, state: ServingState, request_id: str, prompt_ids: list[int], params: Any, stop: list[str]) -> None:
+        self.state, self.request_id, self.prompt_ids, self.params = state, request_id, prompt_ids, params
+        self._text = IncrementalText(state.llm.tokenizer, stop)
+        self.finish_reason: str | None = None
+        self.ttft_s: float | None = None
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._text.token_ids
+
+    async def deltas(self) -> AsyncIterator[str]:
+        m = self.state.metrics
+        start = time.perf_counter()
+        m.prompt_tokens.inc(len(self.prompt_ids))
+        events = self.state.engine.stream(self.request_id, self.prompt_ids, self.params)
+        try:
+            async for ev in events:
+                if ev.error:
+                    raise ApiError(500, f"the engine failed on this request: {ev.error}", code="engine_error")
+                if ev.new_token_ids and self.ttft_s is None:
+                    self.ttft_s = time.perf_counter() - start
+                    m.ttft.observe(self.ttft_s)
+                m.generation_tokens.inc(len(ev.new_token_ids))
+                piece = self._text.add(ev.new_token_ids)
+                if piece:
+                    yield piece
+                if self._text.stopped:
+                    self.finish_reason = "stop"
+                    break
+                if ev.finished:
+                    self.finish_reason = ev.finish_reason or "stop"
+                    break
+            tail = self._text.flush()
+            if tail:
+                yield tail
+        finally:
+            await events.aclose()  # aborts the engine request when it has not finished
+            n = len(self.token_ids)
+            if self.ttft_s is not None and n > 1:
+                m.tpot.observe((time.perf_counter() - start - self.ttft_s) / (n - 1))
+
+    async def run(self, http_request: Request | None = None, poll_s: float = 0.25) -> str:
+        """Generate to the end; abort and raise `ClientDisconnected` if the client goes away."""
+
+        async def consume() -> str:
+            return "".join([piece async for piece in self.deltas()])
+
+        task = asyncio.create_task(consume())
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if http_request is not None and await http_request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise ClientDisconnected(self.request_id)

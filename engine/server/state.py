@@ -1,0 +1,102 @@
+"""What every route needs: the model, the engine bridge, metrics, limits and the prompt helpers."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from engine.server.async_engine import AsyncEngine
+from engine.server.errors import ApiError
+from engine.server.metrics import ServerMetrics
+from engine.server.schemas import ChatCompletionRequest, CompletionRequest
+from engine.server.toolcalls import messages_for_template, template_supports_tools
+
+
+@dataclass
+class ServingState:
+    llm: Any  # engine.LLM
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    model_names: tuple[str, ...]  # first is the canonical id
+    created: int
+
+    @classmethod
+    def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, extra_names: tuple[str, ...]) -> "ServingState":
+        names = tuple(dict.fromkeys((llm.model_id, *extra_names)))
+        return cls(llm, engine, metrics, names, int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.llm.max_model_len)
+
+    @property
+    def native_tools(self) -> bool:
+        tok = self.llm.tokenizer
+        return template_supports_tools(getattr(tok, "chat_template", None))
+
+    def check_model(self, name: str) -> None:
+        if name not in self.model_names:
+            raise ApiError(404, f"model {name!r} is not served here; GET /v1/models lists {list(self.model_names)}",
+                           param="model", code="model_not_found")
+
+    def check_length(self, prompt_len: int, max_new: int | None) -> int:
+        """Validate the prompt against the context limit; return the number of tokens to generate."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise ApiError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
+                                f"{prompt_len} tokens; shorten the prompt", param="messages", code="context_length_exceeded")
+        if max_new is None:
+            return limit - prompt_len
+        if prompt_len + max_new > limit:
+            raise ApiError(400, f"this model's maximum context length is {limit} tokens, but {prompt_len} prompt + "
+                                f"{max_new} completion tokens were requested; lower max_tokens to at most "
+                                f"{limit - prompt_len}", param="max_tokens", code="context_length_exceeded")
+        return max_new
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Text -> ids the way `LLM.generate` does: chats without, plain prompts with special tokens (BOS)."""
+        return list(self.llm.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def render_chat(self, req: ChatCompletionRequest) -> str:
+        """Chat messages (+ tools) -> prompt text through the model's chat template."""
+        messages = []
+        for m in req.messages:
+            d: dict[str, Any] = {"role": m.role, "content": m.text()}
+            if m.tool_calls:
+                d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            if m.tool_call_id:
+                d["tool_call_id"] = m.tool_call_id
+            if m.name:
+                d["name"] = m.name
+            messages.append(d)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else (req.tool_choice or "auto")
+        if isinstance(choice, dict) and tools and choice["function"]["name"] not in {t["function"]["name"] for t in tools}:
+            raise ApiError(400, f"tool_choice names {choice['function']['name']!r}, which is not in tools", param="tool_choice")
+        messages, tools = messages_for_template(messages, tools, choice, self.native_tools)
+        try:
+            return self.llm.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+        except Exception as e:  # a template that rejects the conversation (e.g. role order)
+            raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from e
+
+    def sampling_params(self, req: ChatCompletionRequest | CompletionRequest, max_new: int) -> Any:
+        from engine import SamplingParams
+
+        # the engine stops on a stop string; textstream.IncrementalText cuts the text before it
+        return SamplingParams(max_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                              stop=req.stop_strings())
+
+
+def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
+    """Non-default values of parameters the server cannot honour -> 400 (never silently ignored)."""
+    if req.n != 1:
+        raise ApiError(400, "only n=1 is supported; send n separate requests", param="n")
+    if req.presence_penalty or req.frequency_penalty:
+        raise ApiError(400, "presence_penalty and frequency_penalty are not supported; leave them at 0",
+                       param="presence_penalty")
+    if req.logit_bias:
+        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    if isinstance(req, CompletionRequest) and req.suffix:
+        raise ApiError(400, "suffix is not supported", param="suffix")
+    if isinstance(req, ChatCompletionRequest) and req.logprobs:
+        raise ApiError(400, "logprobs are supported on /v1/completions only", param="logprobs")

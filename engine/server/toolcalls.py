@@ -1,0 +1,185 @@
+"""Tool calling for chat models: render OpenAI-style tools into the prompt, parse calls back out.
+
+Rendering. A chat template that knows about tools (its source mentions `tools`, as Qwen's
+and Hermes' templates do) gets the tool specs and the assistant `tool_calls` natively. A
+template without a tools section (SmolLM2's is plain ChatML) gets the Hermes convention
+written into the messages instead:
+  * the tool specs, one JSON object per line inside <tools></tools>, and the instruction to
+    answer with <tool_call>{"name": ..., "arguments": {...}}</tool_call>, appended to the
+    system message (a system message is created when there is none);
+  * an assistant turn with tool calls becomes text with one <tool_call> block per call;
+  * `tool` messages become a `user` turn of <tool_response> blocks (consecutive ones merged).
+This is a prompt convention, not constrained decoding: a model is free to ignore it, and
+`tool_choice` "required" or a named function is only an instruction in the prompt.
+
+Parsing. `parse_tool_calls` accepts the <tool_call> JSON form and, as a fallback, a whole
+answer that is one JSON object (or a list of them) naming an offered tool. Anything
+malformed (bad JSON, unknown tool, arguments that are not an object) leaves the output as
+plain text: a malformed call is data for the caller, never an exception.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ParsedToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON object text
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    content: str | None
+    tool_calls: list[ParsedToolCall]
+
+
+def template_supports_tools(template_source: str | None) -> bool:
+    """True when a chat template's Jinja source renders a `tools` variable."""
+    return bool(template_source) and re.search(r"\btools\b", template_source) is not None
+
+
+def tools_system_text(tools: list[dict[str, Any]], tool_choice: Any = "auto") -> str:
+    """The Hermes-style tool instructions that go into the system message."""
+    lines = [
+        "# Tools",
+        "",
+        "You can call functions to help answer the user. Their signatures, one JSON object per line:",
+        "<tools>",
+        *(json.dumps(t, ensure_ascii=False) for t in tools),
+        "</tools>",
+        "",
+        "To call a function, answer with one block per call, each holding a JSON object with the",
+        "function name and its arguments:",
+        "<tool_call>",
+        '{"name": "<function name>", "arguments": {<arguments as a JSON object>}}',
+        "</tool_call>",
+    ]
+    if tool_choice == "required":
+        lines.append("You must call at least one function.")
+    elif isinstance(tool_choice, dict):
+        lines.append(f"You must call the function {tool_choice['function']['name']}.")
+    return "\n".join(lines)
+
+
+def _arguments_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
+
+
+def _call_block(call: dict[str, Any]) -> str:
+    fn = call["function"]
+    body = {"name": fn["name"], "arguments": _arguments_object(fn["arguments"])}
+    return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
+
+
+def messages_for_template(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    native_tools: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Return (messages, tools) ready for `tokenizer.apply_chat_template`.
+
+    `messages` are OpenAI-shaped dicts (content already flattened to a string). With
+    `native_tools` the template receives the tools and arguments as objects; otherwise the
+    Hermes convention is written into plain role/content messages and tools is None.
+    `tool_choice == "none"` hides the tools from the model.
+    """
+    offered = tools if tools and tool_choice != "none" else None
+    if native_tools:
+        out = []
+        for m in messages:
+            m = dict(m)
+            if m.get("tool_calls"):
+                m["tool_calls"] = [
+                    {**c, "function": {**c["function"], "arguments": _arguments_object(c["function"]["arguments"])}}
+                    for c in m["tool_calls"]
+                ]
+            out.append(m)
+        return out, offered
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role, content = m["role"], m.get("content") or ""
+        if role == "developer":
+            role = "system"
+        if role == "assistant" and m.get("tool_calls"):
+            blocks = [_call_block(c) for c in m["tool_calls"]]
+            content = "\n".join(([content] if content else []) + blocks)
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if out and out[-1].get("_tool_responses"):
+                out[-1]["content"] += "\n" + block
+                continue
+            out.append({"role": "user", "content": block, "_tool_responses": True})
+            continue
+        out.append({"role": role, "content": content})
+    for m in out:
+        m.pop("_tool_responses", None)
+    if offered:
+        spec = tools_system_text(offered, tool_choice)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = (out[0]["content"] + "\n\n" + spec).lstrip()
+        else:
+            out.insert(0, {"role": "system", "content": spec})
+    return out, None
+
+
+def _strip_fence(text: str) -> str:
+    m = _FENCE.match(text.strip())
+    return m.group(1) if m else text.strip()
+
+
+def _as_call(obj: Any, tool_names: set[str]) -> ParsedToolCall | None:
+    """A parsed JSON value -> a call, or None when it is not a well-formed call of an offered tool."""
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(name, str) or name not in tool_names:
+        return None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(args, ensure_ascii=False))
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(_strip_fence(text))
+    except ValueError:
+        return None
+
+
+def parse_tool_calls(text: str, tool_names: set[str]) -> ParsedOutput:
+    """Split model output into (content, tool calls). Malformed calls -> all text, no calls."""
+    as_text = ParsedOutput(content=text, tool_calls=[])
+    if not tool_names:
+        return as_text
+    blocks = _CALL_BLOCK.findall(text)
+    if blocks:
+        calls = [_as_call(_parse_json(b), tool_names) for b in blocks]
+        if any(c is None for c in calls):
+            return as_text
+        rest = _CALL_BLOCK.sub("", text).strip()
+        return ParsedOutput(content=rest or None, tool_calls=calls)  # type: ignore[arg-type]
+    obj = _parse_json(text)
+    items = obj if isinstance(obj, list) and obj else [obj]
+    calls = [_as_call(o, tool_names) for o in items]
+    if obj is None or any(c is None for c in calls):
+        return as_text
+    return ParsedOutput(content=None, tool_calls=calls)  # type: ignore[arg-type]
