@@ -1,0 +1,153 @@
+"""Public MSA sparse prefill attention op: validation, design choice and launch."""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from kernels._common.tiles import tile_table, token_requests
+from kernels._common.validate import (check_choice, check_lengths, check_size, check_tensor,
+                                      check_topk_ids, interpreting, resolve_impl)
+from kernels.sparse_prefill import naive
+
+OP = "msa_prefill_attention"
+TOPK_CHOICES = (4, 8, 16, 32)
+BLOCK_CHOICES = (64, 128)
+HEAD_DIM_CHOICES = (64, 128)
+_INT_MAX = torch.iinfo(torch.int32).max
+
+
+def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids):
+    check_tensor(OP, "q", q, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    impl = resolve_impl(impl, q.device, OP)
+    if impl == "triton" and q.dtype == torch.float32:
+        raise ValueError(f"{OP}: the Triton kernel takes bfloat16 or float16 q, got float32; use impl='torch'")
+    dev = q.device
+    check_tensor(OP, "k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_tensor(OP, "v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_tensor(OP, "page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
+    check_tensor(OP, "cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=dev)
+    check_tensor(OP, "seq_lens_kv", seq_lens_kv, ndim=1, dtypes=(torch.int32,), device=dev)
+    check_tensor(OP, "topk_ids", topk_ids, ndim=3, dtypes=(torch.int32,), device=dev)
+    t, hq, d = q.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"{OP}: v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    _, hkv, block, dk = k_cache.shape
+    check_size(OP, "k_cache", dk, d, "head dim (q's last dim)")
+    check_choice(OP, "head dim", d, HEAD_DIM_CHOICES)
+    check_choice(OP, "block size (k_cache dim 2)", block, BLOCK_CHOICES)
+    if hkv < 1 or hq % hkv or not 1 <= hq // hkv <= 16:
+        raise ValueError(f"{OP}: query heads must be a multiple 1..16 of KV heads, got Hq={hq}, Hkv={hkv}")
+    check_size(OP, "topk_ids", topk_ids.shape[0], t, "dim 0 (tokens)")
+    check_size(OP, "topk_ids", topk_ids.shape[1], hkv, "dim 1 (KV heads)")
+    check_choice(OP, "topk (topk_ids dim 2)", topk_ids.shape[2], TOPK_CHOICES)
+    check_lengths(OP, cu_seqlens_q, seq_lens_kv, t, page_table, block)
+    if check_ids:
+        check_topk_ids(OP, topk_ids, cu_seqlens_q, seq_lens_kv, block)
+    return impl
+
+
+def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor,
+                          topk_ids: torch.Tensor, *, scale: float | None = None,
+                          impl: Literal["auto", "triton", "torch"] = "auto",
+                          design: Literal["auto", "tile", "token"] = "auto", tile_q: int | None = None,
+                          check_ids: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse attention of packed queries over their selected blocks in the paged KV cache.
+
+    q ``[T, Hq, d]``, k_cache / v_cache ``[pages, Hkv, B, d]``, page_table int32 ``[R, max_pages]``,
+    cu_seqlens_q int32 ``[R+1]``, seq_lens_kv int32 ``[R]`` (including this chunk), topk_ids int32
+    ``[T, Hkv, k]`` logical block ids (valid prefix, -1 padding). Returns ``out [T, Hq, d]`` in q's
+    dtype and ``lse [T, Hq]`` fp32 (natural log; -inf and zero output for an empty selection).
+
+    ``design`` picks the Triton kernel: ``tile`` shares K/V pages among ``tile_q`` neighbouring
+    tokens, ``token`` runs one program per token (the simple fallback); ``auto`` = tile.
+    ``check_ids`` validates the ids on the device (one host sync; timing runs turn it off).
+    """
+    impl = _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if impl == "torch":
+        return naive.sparse_attention_reference(q, k_cache, v_cache, page_table, cu_seqlens_q,
+                                                seq_lens_kv, topk_ids, scale)
+    if design not in ("auto", "tile", "token"):
+        raise ValueError(f"{OP}: design must be 'auto', 'tile' or 'token', got {design!r}")
+    t, hq, d = q.shape
+    out = torch.full_like(q, float("nan"))  # poison: every valid row is written
+    lse = torch.full((t, hq), float("nan"), dtype=torch.float32, device=q.device)
+    if t == 0:
+        return out, lse
+    if design == "token":
+        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
+    else:
+        _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
+                     tile_q or default_tile_q(hq // k_cache.shape[1]))
+    return out, lse
+
+
+def default_tile_q(group: int) -> int:
+    """Tokens per tile: 8 x G rows for G >= 8 (128 rows at G = 16), 16 tokens for small groups."""
+    return 8 if group >= 8 else 16
+
+
+def _strides(q, k_cache, v_cache, page_table, topk_ids, out):
+    return (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+            topk_ids.stride(0), topk_ids.stride(1), out.stride(0), out.stride(1))
+
+
+def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale):
+    from kernels.sparse_prefill.triton_sparse_attention import _token_kernel
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    tok_req = token_requests(cu_seqlens_q, t)
+    _token_kernel[(t * hkv,)](
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, tok_req, topk_ids, out, lse,
+        *_strides(q, k_cache, v_cache, page_table, topk_ids, out), scale * 1.4426950408889634,
+        HKV=hkv, G=group, GP=max(16, triton_next_pow2(group)), D=d, B=block, TOPK=topk_ids.shape[2],
+        UPCAST=interpreting(), num_warps=4, num_stages=2)
+
+
+def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
+                cu_seqlens_q: torch.Tensor, tile_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted, de-duplicated union of the selected blocks of each (tile, KV head).
+
+    Returns ``union`` int32 ``[tiles, Hkv, tile_q * k]`` (ascending ids, then -1) and ``count``
+    int32 ``[tiles, Hkv]``. Two segmented sorts on the device, no host sync.
+    """
+    t, hkv, k = topk_ids.shape
+    tok = tile_start.long()[:, None] + torch.arange(tile_q, device=topk_ids.device)
+    q_end = cu_seqlens_q.long()[tile_req.long().clamp(min=0) + 1]
+    ok = (tile_req >= 0)[:, None] & (tok < q_end[:, None])
+    ids = topk_ids[tok.clamp(max=t - 1)]  # [tiles, tq, Hkv, k]
+    ids = torch.where(ok[:, :, None, None] & (ids >= 0), ids, _INT_MAX)
+    ids = ids.permute(0, 2, 1, 3).reshape(-1, hkv, tile_q * k)
+    ids = torch.sort(ids, dim=-1).values
+    dup = torch.zeros_like(ids, dtype=torch.bool)
+    dup[..., 1:] = ids[..., 1:] == ids[..., :-1]
+    ids = torch.sort(torch.where(dup, _INT_MAX, ids), dim=-1).values
+    count = (ids != _INT_MAX).sum(-1, dtype=torch.int32)
+    return torch.where(ids == _INT_MAX, -1, ids).contiguous(), count.contiguous()
+
+
+def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q):
+    from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    tile_req, tile_start = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
+    union, count = tile_unions(topk_ids, tile_req, tile_start, cu_seqlens_q, tile_q)
+    block_m = max(16, triton_next_pow2(tile_q * group))
+    _tile_kernel[(tile_req.shape[0] * hkv,)](
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, topk_ids,
+        union, count, out, lse, *_strides(q, k_cache, v_cache, page_table, topk_ids, out),
+        union.stride(0), union.stride(1), scale * 1.4426950408889634,
+        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block, TOPK=topk_ids.shape[2],
+        UPCAST=interpreting(), num_warps=8 if block_m >= 128 else 4, num_stages=2)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

@@ -1,0 +1,144 @@
+"""Triton kernels for MSA sparse attention over the paged KV cache (forward only).
+
+Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
+
+* ``_token_kernel`` (the simple one, kept as the fallback): one program per (query token, KV
+  head); the MMA rows are the group's ``G`` query heads padded to ``GP >= 16``; it loops over the
+  token's valid selected blocks, one ``[B, d]`` K and V page each.
+* ``_tile_kernel`` (tile sharing): one program per (tile of ``TQ`` consecutive tokens of one
+  request, KV head); the MMA rows are ``TQ x G`` (token, head) pairs, so every K/V page loaded
+  serves all the tile's tokens that selected it. It loops over the tile's sorted union of selected
+  blocks; a row takes part in a block only if its token selected it (membership tested against
+  the token's ids held in registers), and the causal mask (``key_pos <= pos``) is applied on
+  every block, which matters on the own block only.
+
+Rows with nothing visible yet keep ``m = -inf``; the exponent reference is then 0 so that
+``exp2(-inf - ref) = 0`` and no NaN appears. An empty selection gives ``out = 0``, ``lse = -inf``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _online_update(qk, valid, m_i, l_i, acc, v):
+    """One block of the base-2 online softmax; ``qk`` is already scaled by ``scale * log2(e)``."""
+    qk = tl.where(valid, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc):
+    nonempty = l_i > 0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, (m_i + tl.log2(tl.where(nonempty, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(OUT + out_rows[:, None] + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + lse_rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
+                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, qk_scale,
+                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
+                  TOPK: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    t = pid // HKV
+    g = pid % HKV
+    req = tl.load(TOK_REQ + t)
+    q_beg = tl.load(CUQ + req)
+    pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
+
+    rows = tl.arange(0, GP)
+    row_ok = rows < G
+    head = g * G + rows
+    offs_d = tl.arange(0, D)
+    offs_b = tl.arange(0, B)
+    q = tl.load(Q + t.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
+    n_valid = tl.sum((tl.load(id_row + tl.arange(0, TOPK)) >= 0).to(tl.int32), axis=0)
+
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    pt_row = PT + req.to(tl.int64) * stride_pt
+    for s in range(0, n_valid):
+        blk = tl.load(id_row + s)
+        page = tl.load(pt_row + blk).to(tl.int64)
+        k = tl.load(KC + page * stride_kp + g * stride_kh + offs_b[:, None] * stride_kb + offs_d[None, :])
+        v = tl.load(VC + page * stride_vp + g * stride_vh + offs_b[:, None] * stride_vb + offs_d[None, :])
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        visible = (blk * B + offs_b <= pos)[None, :]
+        m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
+    _store_out(OUT, LSE, t.to(tl.int64) * stride_ot + head * stride_oh, t.to(tl.int64) * (HKV * G) + head,
+               row_ok, offs_d, m_i, l_i, acc)
+
+
+@triton.jit
+def _tile_kernel(Q, KC, VC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UCOUNT, OUT, LSE,
+                 stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                 stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                 HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                 D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    tile = pid // HKV
+    g = pid % HKV
+    req = tl.load(TILE_REQ + tile)
+    if req < 0:
+        return
+    t0 = tl.load(TILE_START + tile)
+    q_beg = tl.load(CUQ + req)
+    q_end = tl.load(CUQ + req + 1)
+    kv_len = tl.load(SEQ + req)
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = t0 + rows // G
+    head = g * G + rows % G
+    row_ok = (rows < TQ * G) & (tok < q_end)
+    pos = kv_len - (q_end - q_beg) + (tok - q_beg)
+    offs_d = tl.arange(0, D)
+    offs_b = tl.arange(0, B)
+    tok64 = tok.to(tl.int64)
+    q = tl.load(Q + tok64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    row_ids = tl.load(IDS + tok64[:, None] * stride_it + g * stride_ih + tl.arange(0, TOPK)[None, :],
+                      mask=row_ok[:, None], other=-1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    pt_row = PT + req.to(tl.int64) * stride_pt
+    u_row = UNION + tile.to(tl.int64) * stride_ut + g * stride_uh
+    n_union = tl.load(UCOUNT + tile * HKV + g)
+    for u in range(0, n_union):
+        blk = tl.load(u_row + u)
+        page = tl.load(pt_row + blk).to(tl.int64)
+        k = tl.load(KC + page * stride_kp + g * stride_kh + offs_b[:, None] * stride_kb + offs_d[None, :])
+        v = tl.load(VC + page * stride_vp + g * stride_vh + offs_b[:, None] * stride_vb + offs_d[None, :])
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        member = tl.max((row_ids == blk).to(tl.int32), axis=1) > 0
+        visible = member[:, None] & ((blk * B + offs_b)[None, :] <= pos[:, None])
+        m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
+    _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
+               row_ok, offs_d, m_i, l_i, acc)
