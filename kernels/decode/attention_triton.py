@@ -1,0 +1,253 @@
+"""Triton split-K paged decode attention (sparse over top-k pages, and dense over all pages).
+
+Sparse, grid ``(T, Hkv, S)``: program (t, h, s) holds the G query heads of KV group h for token t
+(Q tile ``[GP, d]``, GP = max(16, next_pow2(G))) and walks its share ``ceil(k / S)`` of the k
+selected logical pages; each page is mapped through ``page_table`` and loaded as one
+``[B, d]`` K tile and V tile; tokens ``j > pos`` and padding slots (-1) are masked (masked loads move
+no bytes). Online softmax in fp32 with base-2 exponentials.
+
+Dense, grid ``(R * NRB, Hkv, S)``: program (r, rb, h, s) holds ROWS = (query token, head) rows of
+request r and group h (``q_len * G`` rows in NRB blocks of at most 128), so every K/V page is read
+once per request and group for all its query tokens; the pages ``[0, ceil(seq_len / B))`` are cut
+into S equal slices (slice length read from ``seq_lens`` in the kernel), causal mask per row.
+
+With S == 1 the programs write the output directly; otherwise they write normalised partial
+outputs ``ws_o [T, Hq, S, d]`` fp32 and log2-domain LSEs ``ws_lse [T, Hq, S]``, merged by
+``_lse_merge_kernel`` (grid ``(T, Hq)``). Rows that see no key get output 0 and LSE -inf.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32: tl.constexpr):
+    """One page of online softmax: q [M, D], k/v [PAGE, D], visible [M, PAGE]."""
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _write_result(
+    m_i, l_i, acc, t, head, row_ok, s, num_splits, num_q_heads,
+    out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, stride_ot, stride_oh,
+    D: tl.constexpr, DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    dims = tl.arange(0, D)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
+    if DIRECT:
+        o_off = t[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        if WRITE_LSE:
+            tl.store(lse_ptr + t * num_q_heads + head, lse2 / 1.4426950408889634, mask=row_ok)
+    else:
+        w_row = (t.to(tl.int64) * num_q_heads + head) * num_splits + s
+        tl.store(ws_o_ptr + w_row[:, None] * D + dims[None, :], o, mask=row_ok[:, None])
+        tl.store(ws_lse_ptr + w_row, lse2, mask=row_ok)
+
+
+@triton.jit
+def _sparse_split_kernel(
+    q_ptr, k_ptr, v_ptr, ids_ptr, page_table_ptr, seq_lens_ptr,
+    out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr,
+    stride_qt, stride_qh, stride_kp, stride_kh, stride_kt, stride_vp, stride_vh, stride_vt,
+    stride_it, stride_ih, stride_pt, stride_ot, stride_oh,
+    q_len, num_splits, num_q_heads, topk, qk_scale,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    r = t // q_len
+    pos = tl.load(seq_lens_ptr + r) - q_len + t % q_len
+    g = tl.arange(0, GP)
+    g_ok = g < G
+    head = kvh * G + g
+    dims = tl.arange(0, D)
+    toks = tl.arange(0, PAGE)
+    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=g_ok[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    per = tl.cdiv(topk, num_splits)
+    j_lo = s * per
+    j_hi = tl.minimum(j_lo + per, topk)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    for j in range(j_lo, j_hi):
+        bid = tl.load(ids_ptr + t * stride_it + kvh * stride_ih + j)
+        bid_safe = tl.maximum(bid, 0)
+        phys = tl.load(page_table_ptr + r * stride_pt + bid_safe).to(tl.int64)
+        limit = tl.where(bid >= 0, pos, -1)  # padding slot: nothing visible
+        tok_ok = bid_safe * PAGE + toks <= limit
+        kv_off = toks[:, None] * stride_kt + dims[None, :]
+        k = tl.load(k_ptr + phys * stride_kp + kvh * stride_kh + kv_off, mask=tok_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + phys * stride_vp + kvh * stride_vh + kv_off, mask=tok_ok[:, None], other=0.0)
+        visible = tok_ok[None, :] & g_ok[:, None]
+        m_i, l_i, acc = _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32)
+    t_rows = t + tl.zeros([GP], tl.int32)
+    _write_result(m_i, l_i, acc, t_rows, head, g_ok, s, num_splits, num_q_heads,
+                  out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, stride_ot, stride_oh, D, DIRECT, WRITE_LSE)
+
+
+@triton.jit
+def _dense_split_kernel(
+    q_ptr, k_ptr, v_ptr, page_table_ptr, seq_lens_ptr,
+    out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr,
+    stride_qt, stride_qh, stride_kp, stride_kh, stride_kt, stride_vp, stride_vh, stride_vt,
+    stride_pt, stride_ot, stride_oh,
+    q_len, num_splits, num_q_heads, num_row_blocks, qk_scale,
+    G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    r = tl.program_id(0) // num_row_blocks
+    rb = tl.program_id(0) % num_row_blocks
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + r)
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    qi = rows // G
+    row_ok = qi < q_len
+    t = r * q_len + qi
+    head = kvh * G + rows % G
+    pos = seq_len - q_len + qi
+    dims = tl.arange(0, D)
+    toks = tl.arange(0, PAGE)
+    q = tl.load(q_ptr + t[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    n_pages = tl.cdiv(seq_len, PAGE)
+    per = tl.cdiv(n_pages, num_splits)
+    p_lo = s * per
+    p_hi = tl.minimum(p_lo + per, n_pages)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for p in range(p_lo, p_hi):
+        phys = tl.load(page_table_ptr + r * stride_pt + p).to(tl.int64)
+        tok = p * PAGE + toks
+        tok_ok = tok < seq_len
+        kv_off = toks[:, None] * stride_kt + dims[None, :]
+        k = tl.load(k_ptr + phys * stride_kp + kvh * stride_kh + kv_off, mask=tok_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + phys * stride_vp + kvh * stride_vh + kv_off, mask=tok_ok[:, None], other=0.0)
+        visible = (tok[None, :] <= pos[:, None]) & row_ok[:, None]
+        m_i, l_i, acc = _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32)
+    _write_result(m_i, l_i, acc, t, head, row_ok, s, num_splits, num_q_heads,
+                  out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, stride_ot, stride_oh, D, DIRECT, WRITE_LSE)
+
+
+@triton.jit
+def _lse_merge_kernel(
+    ws_o_ptr, ws_lse_ptr, out_ptr, lse_ptr, stride_ot, stride_oh, num_splits, num_q_heads,
+    D: tl.constexpr, SP: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SP)
+    ok = sp < num_splits
+    dims = tl.arange(0, D)
+    base = (t.to(tl.int64) * num_q_heads + h) * num_splits
+    lse2 = tl.load(ws_lse_ptr + base + sp, mask=ok, other=float("-inf"))
+    m = tl.max(lse2, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse2 - m_safe)
+    o = tl.load(ws_o_ptr + (base + sp[:, None]) * D + dims[None, :], mask=ok[:, None], other=0.0)
+    den = tl.sum(w, axis=0)
+    den_safe = tl.where(den == 0.0, 1.0, den)
+    res = tl.sum(w[:, None] * o, axis=0) / den_safe
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + dims, res.to(out_ptr.dtype.element_ty))
+    if WRITE_LSE:
+        lse = tl.where(den == 0.0, float("-inf"), (m_safe + tl.log2(den_safe)) / 1.4426950408889634)
+        tl.store(lse_ptr + t * num_q_heads + h, lse)
+
+
+def _placeholders(any_tensor, lse, ws_o, ws_lse):
+    """Unused pointer arguments (no LSE requested, or S == 1 without workspace) get a real tensor
+    that the kernel never touches (its use sits behind a false constexpr branch)."""
+    return lse, any_tensor if ws_o is None else ws_o, any_tensor if ws_lse is None else ws_lse
+
+
+def lse_arg(lse, fallback):
+    return fallback if lse is None else lse
+
+
+def _merge(ws_o, ws_lse, out, lse, num_splits):
+    tokens, hq = out.shape[0], out.shape[1]
+    _lse_merge_kernel[(tokens, hq)](
+        ws_o, ws_lse, out, lse if lse is not None else ws_lse, out.stride(0), out.stride(1), num_splits, hq,
+        D=out.shape[2], SP=triton.next_power_of_2(num_splits), WRITE_LSE=lse is not None, num_warps=4,
+    )
+
+
+def launch_sparse(q, k_cache, v_cache, topk_ids, page_table, seq_lens, q_len, sm_scale,
+                  out, lse, ws_o, ws_lse, num_splits, interpret):
+    """q/out [T, Hq, d]; lse fp32 [T, Hq] or None; ws_o [T, Hq, S, d] / ws_lse [T, Hq, S] (unused if S == 1)."""
+    tokens, hq, d = q.shape
+    hkv, page = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    direct = num_splits == 1
+    lse, ws_o, ws_lse = _placeholders(seq_lens, lse, ws_o, ws_lse)
+    _sparse_split_kernel[(tokens, hkv, num_splits)](
+        q, k_cache, v_cache, topk_ids, page_table, seq_lens,
+        out, lse_arg(lse, ws_lse), ws_o, ws_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
+        q_len, num_splits, hq, topk_ids.shape[2], sm_scale * LOG2E,
+        G=group, GP=max(16, triton.next_power_of_2(group)), D=d, PAGE=page,
+        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret,
+        num_warps=4, num_stages=2,
+    )
+    if not direct:
+        _merge(ws_o, ws_lse, out, lse, num_splits)
+    return out
+
+
+def dense_rows(q_len: int, group: int) -> tuple[int, int]:
+    """(ROWS, NRB): rows per program (a power of two in 16..128) and row blocks per request/group."""
+    rows = min(128, max(16, triton.next_power_of_2(q_len * group)))
+    return rows, triton.cdiv(q_len * group, rows)
+
+
+def launch_dense(q, k_cache, v_cache, page_table, seq_lens, q_len, sm_scale,
+                 out, lse, ws_o, ws_lse, num_splits, interpret):
+    """Same buffers as launch_sparse, over all pages of each request."""
+    tokens, hq, d = q.shape
+    hkv, page = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    rows, nrb = dense_rows(q_len, group)
+    direct = num_splits == 1
+    lse, ws_o, ws_lse = _placeholders(seq_lens, lse, ws_o, ws_lse)
+    _dense_split_kernel[(seq_lens.shape[0] * nrb, hkv, num_splits)](
+        q, k_cache, v_cache, page_table, seq_lens,
+        out, lse_arg(lse, ws_lse), ws_o, ws_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0), out.stride(0), out.stride(1),
+        q_len, num_splits, hq, nrb, sm_scale * LOG2E,
+        G=group, ROWS=rows, D=d, PAGE=page,
+        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret,
+        num_warps=4 if rows <= 32 else 8, num_stages=2,
+    )
+    if not direct:
+        _merge(ws_o, ws_lse, out, lse, num_splits)
+    return out

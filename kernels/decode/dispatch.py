@@ -1,0 +1,57 @@
+"""``impl`` resolution and split-count heuristics shared by the decode plans and plain functions.
+
+Split counts depend only on sizes (number of requests, q_len, heads, page-table width, top-k) and on
+the device's multiprocessor count, never on sequence lengths, so a CUDA graph captured once replays
+for any lengths that fit the page table.
+"""
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+Impl = Literal["auto", "triton", "torch"]
+MAX_INDEXER_SPLITS = 128  # merge width = splits * next_pow2(k - 1) candidates per row
+PROGRAMS_PER_SM = 4
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """"auto" -> Triton on CUDA tensors, torch reference otherwise; "triton" on CPU needs TRITON_INTERPRET=1."""
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+    if impl == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
+    return impl
+
+
+def target_programs(device: torch.device) -> int:
+    """About four resident programs per multiprocessor on a GPU; a handful under the interpreter."""
+    if device.type == "cuda":
+        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def sparse_splits(tokens: int, num_kv_heads: int, topk: int, device: torch.device) -> int:
+    """Splits of the k selected pages: fill the GPU when T * Hkv programs alone would not."""
+    return min(topk, _pow2_floor(target_programs(device) // (tokens * num_kv_heads)))
+
+
+def dense_splits(work_items: int, max_pages: int, device: torch.device) -> int:
+    """Splits of the page range for work_items = R * row_blocks * Hkv programs."""
+    return max(1, min(max_pages, _pow2_floor(target_programs(device) // work_items)))
+
+
+def indexer_splits(num_req: int, max_pages: int, device: torch.device) -> int:
+    """Splits of the history pages of a request, so that batch 1 still fills the GPU."""
+    return max(1, min(MAX_INDEXER_SPLITS, max_pages, _pow2_floor(target_programs(device) // num_req)))
+
+
+def in_graph_capture() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

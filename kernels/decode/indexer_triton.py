@@ -1,0 +1,145 @@
+"""Triton paged decode indexer: split over pages, running top-(k-1) per split, then a merge.
+
+Stage 1, grid ``(R, S)``: program (r, s) owns a contiguous slice of request r's history pages
+``[0, L_last)`` (``L_last`` = own page of its last query; slice length ``ceil(L_last / S)``, read
+from ``seq_lens`` in the kernel, so the grid depends only on sizes). It loads each index-key page
+once (``[B, d_idx]``), scores it against all ``q_len x H`` query rows in one dot, takes the max over
+the page's tokens, masks pages at or after a row's own page, and keeps a running top-(k-1) per row
+by replacing the current worst slot (worst = lowest score, larger id on ties; pages arrive in
+ascending id order, so a strict ``>`` keeps the smaller id on ties). Slots go to a workspace
+``[T, H, S, KP]`` (score fp32, id int32; empty slots: -inf and a negative id).
+
+Stage 2, grid ``(T, H)``: merges the ``S * KP`` candidates of one row by k-1 rounds of
+max extraction (score descending, smaller id on ties), puts the own page last; rows with
+``own + 1 <= k`` candidates get ``0..own`` instead. Output int32 ``[T, H, k]``, -1 padded.
+
+Pages at or after the last query's own page are never loaded; no row ever records a page at or
+after its own page (the tests check the workspace for that).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _indexer_split_kernel(
+    q_ptr, key_ptr, scale_ptr, page_table_ptr, seq_lens_ptr, ws_val_ptr, ws_id_ptr,
+    stride_qt, stride_qh, stride_kp, stride_kt, stride_sp, stride_pt,
+    q_len, num_splits,
+    H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
+    KEEP: tl.constexpr, KP: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + r)
+    rows = tl.arange(0, ROWS)
+    qi = rows // H
+    hh = rows % H
+    row_ok = qi < q_len
+    local = (seq_len - q_len + qi) // PAGE  # own page of each row
+    local = tl.where(row_ok, local, 0)
+    n_hist = (seq_len - 1) // PAGE  # own page of the last query: pages before it are candidates
+    per = tl.cdiv(n_hist, num_splits)
+    p_lo = s * per
+    p_hi = tl.minimum(p_lo + per, n_hist)
+
+    dims = tl.arange(0, D)
+    tok = r * q_len + qi
+    q = tl.load(
+        q_ptr + tok[:, None].to(tl.int64) * stride_qt + hh[:, None] * stride_qh + dims[None, :],
+        mask=row_ok[:, None], other=0.0,
+    )
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    slot = tl.arange(0, KP)
+    # padding slots (>= KEEP) hold +inf so they are never the worst slot
+    vals = tl.full([ROWS, KP], float("-inf"), tl.float32)
+    vals = tl.where(slot[None, :] < KEEP, vals, float("inf"))
+    ids = (-1 - slot)[None, :] + tl.zeros([ROWS, KP], tl.int32)
+    toks = tl.arange(0, PAGE)
+    for p in range(p_lo, p_hi):
+        phys = tl.load(page_table_ptr + r * stride_pt + p).to(tl.int64)
+        keys = tl.load(key_ptr + phys * stride_kp + toks[:, None] * stride_kt + dims[None, :])
+        if DOT_FP32:
+            keys = keys.to(tl.float32)
+        else:
+            keys = keys.to(q.dtype)
+        dots = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [PAGE, ROWS] fp32
+        if HAS_SCALE:
+            tscale = tl.load(scale_ptr + phys * stride_sp + toks)
+            dots = dots * tscale[:, None]
+        score = tl.max(dots, axis=0)  # [ROWS]
+        score = tl.where(row_ok & (p < local), score, float("-inf"))
+        worst = tl.min(vals, axis=1)
+        is_worst = vals == worst[:, None]
+        victim = tl.max(tl.where(is_worst, ids, -2147483647), axis=1)
+        take = is_worst & (ids == victim[:, None]) & (score > worst)[:, None]
+        vals = tl.where(take, score[:, None], vals)
+        ids = tl.where(take, p, ids)
+
+    vals = tl.where(slot[None, :] < KEEP, vals, float("-inf"))
+    ws_off = ((tok[:, None] * H + hh[:, None]) * num_splits + s) * KP + slot[None, :]
+    tl.store(ws_val_ptr + ws_off, vals, mask=row_ok[:, None])
+    tl.store(ws_id_ptr + ws_off, ids, mask=row_ok[:, None])
+
+
+@triton.jit
+def _indexer_merge_kernel(
+    ws_val_ptr, ws_id_ptr, seq_lens_ptr, out_ptr,
+    stride_ot, stride_oh, q_len, num_splits,
+    H: tl.constexpr, PAGE: tl.constexpr, KP: tl.constexpr, SP: tl.constexpr,
+    TOPK: tl.constexpr, TOPK_P: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    r = t // q_len
+    i = t % q_len
+    seq_len = tl.load(seq_lens_ptr + r)
+    local = (seq_len - q_len + i) // PAGE
+    cand = tl.arange(0, SP * KP)
+    cand_ok = (cand // KP) < num_splits
+    base = (t * H + h) * num_splits * KP
+    vals = tl.load(ws_val_ptr + base + cand, mask=cand_ok, other=float("-inf"))
+    ids = tl.load(ws_id_ptr + base + cand, mask=cand_ok, other=-1)
+    jj = tl.arange(0, TOPK_P)
+    res = tl.full([TOPK_P], -1, tl.int32)
+    for j in range(TOPK - 1):
+        best_val = tl.max(vals, axis=0)
+        best_id = tl.min(tl.where(vals == best_val, ids, 2147483647), axis=0)
+        res = tl.where(jj == j, best_id, res)
+        vals = tl.where(ids == best_id, float("-inf"), vals)
+    res = tl.where(jj == TOPK - 1, local, res)
+    few = tl.where(jj <= local, jj, -1)  # own + 1 <= k candidates: 0..own in order
+    res = tl.where(local + 1 <= TOPK, few, res)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + jj, res, mask=jj < TOPK)
+
+
+def launch_indexer(
+    q_idx, k_idx_cache, k_idx_scale, page_table, seq_lens, q_len, topk, out, ws_val, ws_id, num_splits, interpret
+):
+    """Launch both stages. Shapes: q_idx [T, H, d_idx]; out int32 [T, H, topk];
+    ws_val fp32 / ws_id int32 [T, H, num_splits, KP] with KP = next_pow2(topk - 1)."""
+    num_req = seq_lens.shape[0]
+    heads, d_idx = q_idx.shape[1], q_idx.shape[2]
+    page = k_idx_cache.shape[1]
+    kp = ws_val.shape[-1]
+    rows = max(16, triton.next_power_of_2(q_len * heads))
+    has_scale = k_idx_scale is not None
+    scale = k_idx_scale if has_scale else seq_lens  # dummy pointer when unused
+    _indexer_split_kernel[(num_req, num_splits)](
+        q_idx, k_idx_cache, scale, page_table, seq_lens, ws_val, ws_id,
+        q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1),
+        scale.stride(0) if has_scale else 0, page_table.stride(0),
+        q_len, num_splits,
+        H=heads, D=d_idx, PAGE=page, ROWS=rows, KEEP=topk - 1, KP=kp,
+        HAS_SCALE=has_scale, DOT_FP32=interpret,
+        num_warps=4, num_stages=3,
+    )
+    _indexer_merge_kernel[(q_idx.shape[0], heads)](
+        ws_val, ws_id, seq_lens, out, out.stride(0), out.stride(1), q_len, num_splits,
+        H=heads, PAGE=page, KP=kp, SP=triton.next_power_of_2(num_splits),
+        TOPK=topk, TOPK_P=triton.next_power_of_2(topk),
+        num_warps=4,
+    )
+    return out
