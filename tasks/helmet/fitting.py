@@ -81,6 +81,8 @@ def fit_parts(
         )
     lo, hi = n_min, max(n_guess, n_min + 1)
     while size(hi) <= limit:  # exponential search for an overflowing n
+        if hi > 1 << 20:
+            raise TaskError(f"task {task} cannot grow to {spec.target_length} tokens")
         lo, hi = hi, hi * 2
     while hi - lo > 1:  # invariant: size(lo) fits, size(hi) overflows
         mid = (lo + hi) // 2
