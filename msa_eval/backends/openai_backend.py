@@ -1,0 +1,243 @@
+"""The `openai` backend: any OpenAI-compatible endpoint (hosted APIs, vLLM, SGLang, `msa-eval serve`).
+
+Built on the official `openai` client (`AsyncOpenAI`, its own retries off). What it adds:
+  * API key from the environment variable named by `api_key_env`, read when the client is
+    made; it is never stored in the config, `describe()`, results or the cache. Local base
+    URLs (127.0.0.1, localhost) work without one.
+  * At most `max_concurrency` requests in flight; retries with exponential backoff and
+    jitter on 429, 5xx, timeouts and connection errors (`retry.py`); `timeout_s` bounds each
+    attempt end to end.
+  * Streaming (default) to measure time to first token; usage from the final stream chunk.
+  * Cost from the price table (`pricing.py`): unknown model -> cost None.
+  * A response cache keyed by the request hash (`cache.py`) in `cache_dir` (the run
+    directory): reruns replay finished requests, so they are reproducible and resumable.
+  * A context guard: with `context_window` and a token counter, a prompt that cannot fit
+    (prompt + max_tokens > window) is refused before sending; a provider's own
+    context-length 400 is mapped to `ContextLimitError` and never retried.
+Error channels: `generate` returns a GenResult with finish_reason "error" for a request that
+failed (retries exhausted, context limit) and keeps the others; a wrong configuration
+(missing key, 401/403, unknown model/404) raises `EndpointConfigError` at once. `chat`
+raises `BackendError` subclasses for every failure.
+The sync methods run the async ones on a private event-loop thread, so they also work
+when the caller is itself inside an event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+import openai
+
+from msa_eval.backends.base import BackendError, ChatResponse, GenRequest, GenResult, ToolCall
+from msa_eval.backends.cache import ResponseCache, request_key
+from msa_eval.backends.openai_calls import call_once
+from msa_eval.backends.pricing import PriceTable
+from msa_eval.backends.retry import RetryPolicy, with_retries
+
+
+class EndpointConfigError(BackendError):
+    """Missing API key, rejected key, or a model the endpoint does not know."""
+
+
+class ContextLimitError(BackendError):
+    """The prompt (plus max_tokens) does not fit the provider's context window."""
+
+
+_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens")
+
+
+@dataclass(frozen=True)
+class OpenAIBackendConfig:
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = 8
+    max_retries: int = 6
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    timeout_s: float = 600.0
+    stream: bool = True
+    context_window: int | None = None
+    max_tokens_field: str = "max_tokens"  # or "max_completion_tokens" (newer OpenAI models, MiniMax)
+    chat_only: bool = False  # send text prompts as one user message (providers without /completions)
+    cache_dir: str | None = None
+    prices_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if not urlparse(self.base_url).scheme in ("http", "https"):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+            raise ValueError("max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
+        if self.max_tokens_field not in ("max_tokens", "max_completion_tokens"):
+            raise ValueError("max_tokens_field must be 'max_tokens' or 'max_completion_tokens'")
+
+
+def _is_local(base_url: str) -> bool:
+    return (urlparse(base_url).hostname or "") in ("127.0.0.1", "localhost", "::1")
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, config: OpenAIBackendConfig, token_counter: Callable[[str], int] | None = None) -> None:
+        self.cfg = config
+        self._count = token_counter
+        self._prices = PriceTable.load(config.prices_path)
+        self._cache = ResponseCache(config.cache_dir) if config.cache_dir else None
+        self._policy = RetryPolicy(config.max_retries, config.backoff_initial_s, config.backoff_max_s)
+        self._client: openai.AsyncOpenAI | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self.retries = 0  # retried attempts so far (for the run record)
+
+    # ---------------------------------------------------------------- plumbing
+    def _api_key(self) -> str:
+        key = os.environ.get(self.cfg.api_key_env)
+        if key:
+            return key
+        if _is_local(self.cfg.base_url):
+            return "EMPTY"
+        raise EndpointConfigError(f"no API key: set the environment variable {self.cfg.api_key_env} for "
+                                  f"{self.cfg.base_url} (or name another variable with api_key_env)")
+
+    def _ensure(self) -> None:
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(api_key=self._api_key(), base_url=self.cfg.base_url,
+                                              max_retries=0, timeout=self.cfg.timeout_s)
+            self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+
+    def _run(self, coro: Any) -> Any:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="openai-backend", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        if self._loop is not None:
+            if self._client is not None:
+                self._run(self._client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
+        self._client = None
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"backend": "openai", "base_url": c.base_url, "model": c.model, "api_key_env": c.api_key_env,
+                "stream": c.stream, "max_concurrency": c.max_concurrency, "max_retries": c.max_retries,
+                "timeout_s": c.timeout_s, "context_window": c.context_window, "chat_only": c.chat_only,
+                "response_cache": c.cache_dir is not None}
+
+    def count_tokens(self, text: str) -> int | None:
+        return self._count(text) if self._count is not None else None
+
+    # ---------------------------------------------------------------- one call
+    def _guard(self, text: str, max_tokens: int) -> None:
+        window = self.cfg.context_window
+        n = self.count_tokens(text) if window else None
+        if window and n is not None and n + max_tokens > window:
+            raise ContextLimitError(f"prompt of {n} tokens + max_tokens {max_tokens} exceeds the context window "
+                                    f"{window} of {self.cfg.model}; shorten the prompt or lower max_tokens")
+
+    async def _call(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
+        key = request_key(self.cfg.base_url, endpoint, payload)
+        if self._cache is not None and (hit := self._cache.get(key)) is not None:
+            return {**hit, "cached": True}
+        self._ensure()
+
+        def on_retry(attempt: int, e: BaseException) -> None:
+            self.retries += 1
+
+        async def attempt() -> dict[str, Any]:
+            return await asyncio.wait_for(call_once(self._client, endpoint, payload, self.cfg.stream), self.cfg.timeout_s)
+
+        async with self._sem:  # type: ignore[union-attr]
+            try:
+                out = await with_retries(attempt, self._policy, on_retry)
+            except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as e:
+                raise EndpointConfigError(f"{self.cfg.base_url} refused the request ({e.status_code}): {_message(e)}; "
+                                          f"check the key in {self.cfg.api_key_env} and the model id {self.cfg.model!r}") from e
+            except openai.BadRequestError as e:
+                msg = _message(e)
+                if any(h in msg.lower() for h in _CONTEXT_HINTS):
+                    raise ContextLimitError(f"{self.cfg.model}: {msg}") from e
+                raise BackendError(f"{self.cfg.base_url} rejected the request (400): {msg}") from e
+            except Exception as e:
+                raise BackendError(f"{self.cfg.base_url} failed after {self.cfg.max_retries} retries: "
+                                   f"{type(e).__name__}: {_message(e)}") from e
+        out["cost_usd"] = self._prices.cost(self.cfg.model, out["prompt_tokens"], out["completion_tokens"])
+        if self._cache is not None:
+            self._cache.put(key, out)
+        return {**out, "cached": False}
+
+    def _sampling(self, max_tokens: int, temperature: float, top_p: float | None = None,
+                  stop: list[str] | None = None, seed: int | None = None) -> dict[str, Any]:
+        p: dict[str, Any] = {"model": self.cfg.model, self.cfg.max_tokens_field: max_tokens, "temperature": temperature}
+        if top_p is not None and top_p != 1.0:
+            p["top_p"] = top_p
+        if stop:
+            p["stop"] = list(stop)
+        if seed is not None:
+            p["seed"] = seed
+        return p
+
+    # ---------------------------------------------------------------- Backend interface
+    async def agenerate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return list(await asyncio.gather(*(self._generate_one(r) for r in requests)))
+
+    async def _generate_one(self, r: GenRequest) -> GenResult:
+        if (r.prompt is None) == (r.messages is None):
+            raise BackendError(f"request {r.id}: give exactly one of prompt or messages")
+        sampling = self._sampling(r.max_tokens, r.temperature, r.top_p, r.stop, r.seed)
+        if r.prompt is not None and not self.cfg.chat_only:
+            endpoint, payload, text = "completions", {**sampling, "prompt": r.prompt}, r.prompt
+        else:
+            messages = r.messages if r.messages is not None else [{"role": "user", "content": r.prompt}]
+            endpoint, payload = "chat", {**sampling, "messages": messages}
+            text = "\n".join(str(m.get("content") or "") for m in messages)
+        try:
+            self._guard(text, r.max_tokens)
+            out = await self._call(endpoint, payload)
+        except EndpointConfigError:
+            raise
+        except BackendError as e:
+            return GenResult(id=r.id, text="", finish_reason="error", error=f"{type(e).__name__}: {e}")
+        return GenResult(id=r.id, text=out["text"], finish_reason=out["finish_reason"],
+                         prompt_tokens=out["prompt_tokens"], completion_tokens=out["completion_tokens"],
+                         latency_s=out["latency_s"], ttft_s=out["ttft_s"],
+                         extra={"cost_usd": out["cost_usd"], "cached": out["cached"], "endpoint": endpoint,
+                                "system_fingerprint": out.get("system_fingerprint")})
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return self._run(self.agenerate(requests))
+
+    async def achat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    max_tokens: int = 512, temperature: float = 0.0, seed: int | None = None) -> ChatResponse:
+        payload = {**self._sampling(max_tokens, temperature, seed=seed), "messages": messages}
+        if tools:
+            payload["tools"] = tools
+        self._guard("\n".join(str(m.get("content") or "") for m in messages), max_tokens)
+        out = await self._call("chat", payload)
+        return ChatResponse(content=out["text"] or None,
+                            tool_calls=[ToolCall(c["id"], c["name"], c["arguments"]) for c in out["tool_calls"]],
+                            finish_reason=out["finish_reason"], prompt_tokens=out["prompt_tokens"],
+                            completion_tokens=out["completion_tokens"], latency_s=out["latency_s"],
+                            cost_usd=out["cost_usd"], extra={"ttft_s": out["ttft_s"], "cached": out["cached"]})
+
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+             max_tokens: int = 512, temperature: float = 0.0, seed: int | None = None) -> ChatResponse:
+        return self._run(self.achat(messages, tools, max_tokens, temperature, seed))
+
+
+def _message(e: BaseException) -> str:
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(getattr(e, "message", None) or e)
