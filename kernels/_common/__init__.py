@@ -1,0 +1,1 @@
+"""Launcher helpers shared by the MSA ops."""

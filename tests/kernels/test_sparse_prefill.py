@@ -1,0 +1,133 @@
+"""Sparse prefill attention: reference vs SDPA, Triton kernels vs reference, bad input."""
+import pytest
+import torch
+
+from kernels.indexer import naive as indexer_naive
+from kernels.sparse_prefill import msa_prefill_attention
+from kernels.sparse_prefill.naive import dense_causal_reference, sparse_attention_reference
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _ids(case, topk):
+    return indexer_naive.indexer_paged_reference(case["q_idx"], case["k_idx_cache"], case["page_table"],
+                                                 case["cu_seqlens_q"], case["seq_lens_kv"], topk)
+
+
+def _run(case, ids, **kw):
+    return msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"],
+                                 case["cu_seqlens_q"], case["seq_lens_kv"], ids, **kw)
+
+
+def _reference(case, ids):
+    return sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
+                                      case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
+
+
+def assert_attention_close(out, lse, ref_out, ref_lse):
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten (NaN-poisoned) output"
+    rel = (out.float() - ref_out).norm() / ref_out.norm()
+    assert rel < 1e-2, f"relative error {rel:.2e}"
+    assert (out.float() - ref_out).abs().max() < 6e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_reference_equals_sdpa_when_every_block_is_selected(paged_case):
+    case = paged_case([30, 64, 1], [200, 64, 129], hkv=2, group=3, d=64, block=64, dtype=torch.float32)
+    out, lse = _run(case, _ids(case, 4), impl="torch")
+    torch.testing.assert_close(out, dense_causal_reference(case["q"], case["k_cache"], case["v_cache"],
+                                                           case["page_table"], case["cu_seqlens_q"],
+                                                           case["seq_lens_kv"]), atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(lse).all()
+
+
+CASES = [  # q_lens, kv_lens, Hkv, G, d, B, topk, dtype
+    ([45, 7, 33], [300, 7, 200], 2, 3, 64, 64, 4, torch.bfloat16),
+    ([20], [20], 1, 16, 128, 64, 8, torch.float16),  # T < B, no prefix
+    ([70, 9], [1000, 600], 1, 1, 64, 64, 16, torch.bfloat16),
+    ([24], [2500], 1, 16, 128, 64, 32, torch.bfloat16),
+    ([40, 3], [300, 130], 2, 4, 64, 128, 4, torch.float16),
+]
+
+
+@pytest.mark.parametrize("design", ["tile", "token"])
+@pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk,dtype", CASES)
+def test_kernel_matches_reference(paged_case, design, q_lens, kv_lens, hkv, group, d, block, topk, dtype):
+    if design == "token" and sum(q_lens) * hkv > 80:  # the interpreter runs one program per token
+        q_lens = [min(n, 20) for n in q_lens]
+    case = paged_case(q_lens, kv_lens, hkv=hkv, group=group, d=d, block=block, dtype=dtype, device=DEV,
+                      seed=topk + group)
+    ids = _ids(case, topk)
+    out, lse = _run(case, ids, impl="triton", design=design)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_attention_close(out, lse, *_reference(case, ids))
+
+
+@pytest.mark.parametrize("design", ["tile", "token"])
+def test_kernel_equals_sdpa_when_every_block_is_selected(paged_case, design):
+    case = paged_case([21, 5], [300, 64], hkv=2, group=2, d=64, block=64, dtype=torch.float16, device=DEV)
+    out, lse = _run(case, _ids(case, 8), impl="triton", design=design)
+    dense = dense_causal_reference(case["q"], case["k_cache"], case["v_cache"], case["page_table"],
+                                   case["cu_seqlens_q"], case["seq_lens_kv"])
+    assert (out.float() - dense).norm() / dense.norm() < 5e-3
+
+
+@pytest.mark.parametrize("design", ["tile", "token"])
+def test_empty_selection_gives_zero_and_minus_inf(paged_case, design):
+    case = paged_case([6], [200], hkv=2, group=3, d=64, block=64, device=DEV)
+    ids = _ids(case, 4)
+    ids[2] = -1  # token 2 selects nothing in either head
+    ids[4, 1] = -1
+    out, lse = _run(case, ids, impl="triton", design=design)
+    assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
+    assert (out[4, 3:] == 0).all() and torch.isneginf(lse[4, 3:]).all()
+    assert_attention_close(out, lse, *_reference(case, ids))
+
+
+def _case_for_errors(paged_case):
+    case = paged_case([10, 20], [100, 200], hkv=2, group=3, d=64, block=64)
+    return case, _ids(case, 4)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda c, ids: c.update(q=c["q"].float()), "k_cache must be one of"),
+    (lambda c, ids: c.update(q=c["q"].to(torch.int8)), "q must be one of"),
+    (lambda c, ids: c.update(k_cache=c["k_cache"][:, :1]), "v_cache must have k_cache's shape"),
+    (lambda c, ids: c.update(v_cache=c["v_cache"].transpose(2, 3).contiguous().transpose(2, 3)), "unit stride"),
+    (lambda c, ids: c.update(v_cache=c["v_cache"].to("meta")), "is on meta"),
+    (lambda c, ids: c.update(q=torch.zeros(30, 6, 96, dtype=torch.bfloat16)), "head dim"),
+    (lambda c, ids: c.update(q=torch.zeros(30, 34, 64, dtype=torch.bfloat16)), "multiple 1..16"),
+    (lambda c, ids: ids.__setitem__((3, 0, 0), 99), "out-of-range"),
+    (lambda c, ids: ids.__setitem__((25, 1, 0), ids[25, 1, 1].item()), "must not repeat"),
+    (lambda c, ids: ids.__setitem__((25, 1, 0), -1), "valid prefix"),
+])
+def test_rejects_bad_input(paged_case, edit, match):
+    case, ids = _case_for_errors(paged_case)
+    edit(case, ids)
+    with pytest.raises(ValueError, match=match):
+        _run(case, ids, impl="torch")
+
+
+def test_rejects_wrong_ids_shape_and_topk(paged_case):
+    case, ids = _case_for_errors(paged_case)
+    with pytest.raises(ValueError, match="dim 1"):
+        _run(case, ids[:, :1].contiguous(), impl="torch")
+    with pytest.raises(ValueError, match="topk"):
+        _run(case, torch.cat([ids, ids[..., :1]], -1), impl="torch")
+    with pytest.raises(ValueError, match="topk_ids must be one of"):
+        _run(case, ids.long(), impl="torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("design", ["tile", "token"])
+@pytest.mark.parametrize("hkv,group,d,block,topk", [(4, 16, 128, 128, 16), (3, 3, 64, 64, 32), (2, 8, 64, 128, 4)])
+def test_kernel_gpu_large(paged_case, design, hkv, group, d, block, topk):
+    case = paged_case([1500, 1, 2500], [6000, 4000, 2500], hkv=hkv, group=group, d=d, block=block,
+                      d_idx=128, device="cuda", seed=group)
+    from kernels.indexer import msa_indexer
+    ids = msa_indexer(case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"],
+                      case["seq_lens_kv"], topk)
+    out, lse = _run(case, ids, design=design)
+    assert_attention_close(out, lse, *_reference(case, ids))
