@@ -77,3 +77,20 @@ def make_decode_case(
         q.to(dev), q_idx.to(dev), k_cache.to(dev), v_cache.to(dev), k_idx.to(dev),
         table.to(dev), torch.tensor(seq_lens, dtype=torch.int32, device=dev), q_len,
     )
+
+
+def random_topk_ids(seq_lens: list[int], q_len: int, page: int, hkv: int, topk: int, seed: int = 0,
+                    empty_rows: int = 0) -> torch.Tensor:
+    """Valid random selections int32 ``[R*q_len, Hkv, topk]``: min(topk, own+1) distinct pages in
+    random order, own page last, -1 padding; the first ``empty_rows`` (token, head) rows are all -1."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.full((len(seq_lens) * q_len, hkv, topk), -1, dtype=torch.int32)
+    for r, s in enumerate(seq_lens):
+        for i in range(q_len):
+            own = (s - q_len + i) // page
+            for h in range(hkv):
+                hist = torch.randperm(own, generator=gen)[: min(topk, own + 1) - 1]
+                row = torch.cat([hist, torch.tensor([own])]).to(torch.int32)
+                ids[r * q_len + i, h, : row.numel()] = row
+    ids.view(-1, topk)[:empty_rows] = -1
+    return ids

@@ -1,0 +1,150 @@
+"""Decode indexer: Triton (interpreter on CPU) against the fp32 torch reference."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from kernels.decode import MSADecodePlan, decode_indexer_ref, msa_decode_indexer, quantize_index_keys  # noqa: E402
+from kernels.decode.inputs import POISON_KEY, make_decode_case  # noqa: E402
+
+SENTINEL = -7  # no valid output value: proves every output slot was written
+WS_SENTINEL = 1 << 30  # larger than any page id: an unwritten workspace slot fails the "< own" check
+
+
+def assert_selection_invariants(ids: torch.Tensor, seq_lens: list[int], q_len: int, page: int, topk: int):
+    """Valid prefix of min(k, own+1) distinct pages < own, own page last, -1 padding."""
+    for r, s in enumerate(seq_lens):
+        for i in range(q_len):
+            own = (s - q_len + i) // page
+            n = min(topk, own + 1)
+            rows = ids[r * q_len + i]  # [H, k]
+            assert (rows[:, n:] == -1).all()
+            assert (rows[:, n - 1] == own).all()
+            hist = rows[:, : n - 1]
+            assert ((hist >= 0) & (hist < own)).all()
+            for h in range(rows.shape[0]):
+                assert hist[h].unique().numel() == n - 1
+            if own + 1 <= topk:
+                assert rows[:, :n].tolist() == [list(range(n))] * rows.shape[0]
+
+
+def run_plan(case, page, topk, splits, k_idx_scale=None, keys=None):
+    heads, d_idx = case.q_idx.shape[1], case.q_idx.shape[2]
+    plan = MSADecodePlan(heads, heads, 16, page, topk=topk, index_dim=d_idx, device="cpu",
+                         dtype=case.q_idx.dtype, impl="triton", indexer_splits=splits)
+    plan.plan(case.seq_lens, case.page_table, case.q_len)
+    plan.topk_ids.fill_(SENTINEL)
+    plan.ws_id.fill_(WS_SENTINEL)
+    ids = plan.run_indexer(case.q_idx, case.k_idx_cache if keys is None else keys, k_idx_scale)
+    return plan, ids.clone()
+
+
+@pytest.mark.parametrize(
+    "seq_lens,q_len,heads,d_idx,topk,splits",
+    [
+        ([1, 63, 64, 65, 700, 1500], 1, 1, 32, 4, 3),  # short and long, shorter than a page, G=any
+        ([8, 60, 130, 1200, 520], 8, 4, 64, 5, 2),  # MTP crossing a page boundary, k not a power of 2
+        ([16, 1100, 300], 16, 2, 32, 6, 5),  # q_len 16, more splits than some requests' pages
+    ],
+)
+def test_indexer_matches_reference_and_never_touches_own_or_later_pages(seq_lens, q_len, heads, d_idx, topk, splits):
+    page = 64
+    case = make_decode_case(seq_lens, q_len, heads, heads, 16, page, d_idx, max_pages=30,
+                            seed=len(seq_lens) + q_len, poison=True)
+    plan, ids = run_plan(case, page, topk, splits)
+    ref = decode_indexer_ref(case.q_idx, case.k_idx_cache, case.page_table, case.seq_lens, q_len, topk)
+    assert (ids != SENTINEL).all()
+    # poisoned pages (own page of the last query and later, spare page) would win every top-k if read
+    assert torch.equal(ids, ref)
+    assert_selection_invariants(ids, seq_lens, q_len, page, topk)
+    # no row ever recorded a candidate at or after its own page (workspace fully written)
+    ws = plan.ws_id  # [T, H, S, KP]
+    own = torch.tensor([(s - q_len + i) // page for s in seq_lens for i in range(q_len)])
+    assert (ws < own[:, None, None, None]).all()
+
+
+def test_indexer_ties_go_to_smaller_page_ids():
+    page, topk = 64, 5
+    case = make_decode_case([64 * 12 + 3], 1, 2, 2, 16, page, 32, seed=3)
+    case.q_idx.zero_()
+    case.k_idx_cache.zero_()
+    _, ids = run_plan(case, page, topk, splits=4)
+    assert ids[0].tolist() == [[0, 1, 2, 3, 12]] * 2
+
+
+def test_indexer_fp8_keys_match_reference_on_same_quantized_keys():
+    page, topk, q_len = 64, 4, 8
+    seq_lens = [9, 900, 400]
+    case = make_decode_case(seq_lens, q_len, 2, 2, 16, page, 32, seed=5)
+    k8, scale = quantize_index_keys(case.k_idx_cache)
+    assert k8.dtype == torch.float8_e4m3fn and scale.shape == case.k_idx_cache.shape[:2]
+    _, ids = run_plan(case, page, topk, splits=3, k_idx_scale=scale, keys=k8)
+    ref = decode_indexer_ref(case.q_idx, k8, case.page_table, case.seq_lens, q_len, topk, k_idx_scale=scale)
+    assert torch.equal(ids, ref)
+    assert_selection_invariants(ids, seq_lens, q_len, page, topk)
+
+
+def test_plain_function_auto_on_cpu_is_the_reference():
+    case = make_decode_case([5, 700], 2, 2, 2, 16, 64, 32, seed=7)
+    ids = msa_decode_indexer(case.q_idx, case.k_idx_cache, case.page_table, case.seq_lens, 2, topk=4)
+    ref = decode_indexer_ref(case.q_idx, case.k_idx_cache, case.page_table, case.seq_lens, 2, 4)
+    assert torch.equal(ids, ref)
+    tri = msa_decode_indexer(case.q_idx, case.k_idx_cache, case.page_table, case.seq_lens, 2, topk=4, impl="triton")
+    assert torch.equal(tri, ref)
+
+
+def _call(case, **over):
+    args = dict(q_idx=case.q_idx, k_idx_cache=case.k_idx_cache, page_table=case.page_table,
+                seq_lens=case.seq_lens, q_len=case.q_len, topk=4, impl="triton")
+    args.update(over)
+    return msa_decode_indexer(**args)
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        (dict(q_len=0), "q_len must be an int in 1..16"),
+        (dict(q_len=17), "q_len must be an int in 1..16"),
+        (dict(seq_lens=torch.tensor([2000, 5], dtype=torch.int32)), "exceeds the page-table capacity"),
+        (dict(seq_lens=torch.tensor([1, 5], dtype=torch.int32)), "must be >= q_len"),
+        (dict(seq_lens=torch.tensor([100, 5])), "seq_lens must be int32"),
+        (dict(page_table="float"), "page_table must be int32"),
+        (dict(q_idx="bad_tokens"), "tokens, expected R\\*q_len"),
+        (dict(q_idx="fp16"), "must share one dtype"),
+        (dict(k_idx_cache="fp8_no_scale"), "k_idx_scale"),
+        (dict(topk=1), "topk must be in 2..64"),
+        (dict(page_table="out_of_range"), "page ids outside"),
+    ],
+)
+def test_bad_input_raises_value_error(override, match):
+    case = make_decode_case([70, 200], 2, 2, 2, 16, 64, 32, seed=9)
+    special = {
+        "float": case.page_table.float(),
+        "bad_tokens": case.q_idx[:3],
+        "fp16": case.q_idx.half(),
+        "fp8_no_scale": case.k_idx_cache.to(torch.float8_e4m3fn),
+        "out_of_range": case.page_table + 1000,
+    }
+    over = {k: special.get(v, v) if isinstance(v, str) else v for k, v in override.items()}
+    with pytest.raises(ValueError, match=match):
+        _call(case, **over)
+
+
+def test_triton_on_cpu_without_interpreter_raises(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    case = make_decode_case([70], 1, 1, 1, 16, 64, 32)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        _call(case)
+
+
+def test_poison_value_is_large_enough_to_win():
+    # sanity of the poison itself: a poisoned page scored by the reference would be selected
+    case = make_decode_case([64 * 6 + 1], 1, 1, 1, 16, 64, 32, seed=11, poison=True)
+    keys = case.k_idx_cache.clone()
+    keys[case.page_table[0, 2]] = POISON_KEY
+    ids = decode_indexer_ref(case.q_idx, keys, case.page_table, case.seq_lens, 1, 3)
+    assert ids[0, 0, 0].item() == 2
