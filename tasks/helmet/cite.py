@@ -23,7 +23,7 @@ class CiteAnalogue(Task):
     max_tokens = 128
     n_answers = 3
     description = ("offline analogue of HELMET cite (ALCE QAMPARI): list people born in a town "
-                   "and cite documents [n]; rule-based citation precision/recall")
+                   "and cite documents by number; rule-based citation precision and recall")
 
     def build(self, index: int, spec: BuildSpec) -> Sample:
         rng, seed = rng_for(self, spec, index)

@@ -1,0 +1,71 @@
+"""`msa-eval run SUITE --backend local|openai ...`: run a suite and print the side-by-side table.
+
+Default (`msa-eval run helmet --backend local`): the default model, MSA and dense attention,
+the suite's lengths (those the model can hold), ending with the report table.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from msa_eval import display
+
+
+def register(group: click.Group) -> None:
+    group.add_command(run)
+
+
+@click.command()
+@click.argument("suite", default="helmet")
+@click.option("--backend", "backend_kind", type=click.Choice(["local", "openai"]), default="local",
+              show_default=True, help="Where the model runs.")
+@click.option("--model", default=None, help="local: built-in name, HF dir or .gguf (default smollm2-135m); openai: model id.")
+@click.option("--attention", default="both", show_default=True,
+              type=click.Choice(["both", "msa", "dense", "msa-ref"]), help="local backend attention.")
+@click.option("--base-url", default=None, help="openai backend: the endpoint's base URL (…/v1).")
+@click.option("--tokenizer", "reference", default=None,
+              help="Reference tokenizer for prompt fitting (model name/path or tokenizer.json); default: the local model, else smollm2-135m.")
+@click.option("--lengths", default=None, help="Target lengths, e.g. 2k,4k,8k (default: the suite's).")
+@click.option("--samples", type=int, default=None, help="Samples per task and length.")
+@click.option("--tasks", "task_names", default=None, help="Comma-separated task names (default: the suite's).")
+@click.option("--mode", type=click.Choice(["chat", "completion"]), default=None, help="Prompt mode (default: the suite's).")
+@click.option("--seed", type=int, default=None, help="Generator seed (default: the suite's).")
+@click.option("--concurrency", type=int, default=None, help="Requests per batch (local default 1, openai 8).")
+@click.option("--limit", type=int, default=None, help="Run at most N samples per task and length (same run directory).")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/<suite>-<backend>-<config hash>).")
+@click.option("--dry-run", is_flag=True, help="Build prompts and show token counts; load no model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
+        mode, seed, concurrency, limit, out, dry_run, as_json) -> None:
+    """Run SUITE (a name under configs/ or a YAML path) and print the side-by-side report."""
+    from msa_eval.cli.run_setup import RunArgs, prepare
+
+    args = RunArgs(suite, backend_kind, model, attention, base_url, reference, lengths, samples,
+                   task_names, mode, seed, concurrency, limit, out)
+    prep = prepare(args)
+    if dry_run:
+        display.dry_run_table(prep.dry_run_rows())
+        display.info(f"[dim]{prep.n_samples} samples x {len(prep.cfg.backends)} backend(s); "
+                     f"would write {prep.run_dir}[/]")
+        return
+    from msa_eval.report import build_report, load_runs
+    from msa_eval.report.plots import plot_report
+    from msa_eval.report.writers import write_report
+    from msa_eval.runner import run_suite
+
+    display.info(f"run directory: {prep.run_dir}")
+    with display.RunProgress() as progress:
+        result = run_suite(prep.cfg, prep.run_dir, prep.plan, prep.reference_info, progress=progress)
+    records = load_runs([prep.run_dir])
+    wanted = {s.id for p in prep.plan for s in p.samples}
+    records = [r for r in records if r.sample_id in wanted]
+    rep = build_report(records)
+    paths = write_report(rep, prep.run_dir / "report")
+    plot_report(rep, records, prep.run_dir / "report")
+    if as_json:
+        display.print_json(rep.to_dict())
+    else:
+        display.report_tables(rep)
+    display.info(f"[dim]{result.generated} generated, {result.skipped} resumed, {result.errors} errors; "
+                 f"report: {paths['markdown']}[/]")

@@ -1,0 +1,104 @@
+"""Turn `msa-eval run` flags into a typed RunConfig, a plan of samples and a run directory."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from msa_eval.runner.config import (
+    BackendSpec, ConfigError, RunConfig, SuiteConfig, TaskEntry, load_suite, parse_lengths,
+)
+from msa_eval.runner.plan import PlannedTask, build_plan, validate_tasks
+from msa_eval.runner.reference import check_lengths, default_lengths, load_reference_tokenizer
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class RunArgs:
+    suite: str
+    backend: str
+    model: str | None
+    attention: str
+    base_url: str | None
+    reference: str | None
+    lengths: str | None
+    samples: int | None
+    tasks: str | None
+    mode: str | None
+    seed: int | None
+    concurrency: int | None
+    limit: int | None
+    out: Path | None
+
+
+@dataclass
+class Prepared:
+    cfg: RunConfig
+    plan: list[PlannedTask]
+    run_dir: Path
+    reference_info: dict[str, Any]
+
+    @property
+    def n_samples(self) -> int:
+        return sum(len(p.samples) for p in self.plan)
+
+    def dry_run_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for p in self.plan:
+            toks = [s.metadata["prompt_tokens"] for s in p.samples]
+            rows.append({"task": p.task.name, "category": p.task.category, "length": p.length,
+                         "samples": len(p.samples), "prompt_tokens_min": min(toks, default=0),
+                         "prompt_tokens_max": max(toks, default=0),
+                         "max_tokens": p.samples[0].max_tokens if p.samples else None,
+                         "truncated": sum(s.metadata.get("truncated_tokens", 0) > 0 for s in p.samples)})
+        return rows
+
+
+def _backends(a: RunArgs) -> tuple[BackendSpec, ...]:
+    if a.backend == "local":
+        model = a.model or DEFAULT_MODEL
+        kinds = ("msa", "dense") if a.attention == "both" else (a.attention,)
+        return tuple(BackendSpec("local", model, attention=k) for k in kinds)
+    if not a.base_url or not a.model:
+        raise ConfigError("--backend openai needs --base-url URL and --model ID")
+    return (BackendSpec("openai", a.model, base_url=a.base_url),)
+
+
+def _suite(a: RunArgs) -> SuiteConfig:
+    suite = load_suite(a.suite)
+    if a.tasks:
+        names = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
+        by_name = {t.name: t for t in suite.tasks}
+        suite = replace(suite, tasks=tuple(by_name.get(n, TaskEntry(n)) for n in names))
+    if a.samples is not None:
+        if a.samples < 1:
+            raise ConfigError("--samples must be >= 1")
+        suite = replace(suite, samples=a.samples, tasks=tuple(replace(t, samples=None) for t in suite.tasks))
+    if a.lengths:
+        suite = replace(suite, lengths=parse_lengths(a.lengths))
+    if a.mode:
+        suite = replace(suite, mode=a.mode)
+    if a.seed is not None:
+        suite = replace(suite, seed=a.seed)
+    return suite
+
+
+def prepare(a: RunArgs) -> Prepared:
+    suite = _suite(a)
+    validate_tasks(suite)  # unknown task names fail before any model file is touched
+    backends = _backends(a)
+    ref_model = a.reference or (backends[0].model if a.backend == "local" else DEFAULT_MODEL)
+    tok, info = load_reference_tokenizer(ref_model)
+    max_ctx = info["max_context"] if a.backend == "local" else None
+    lengths = suite.lengths or default_lengths(info["max_context"])
+    check_lengths(lengths, max_ctx)
+    suite = replace(suite, lengths=lengths)
+    conc = a.concurrency or (1 if a.backend == "local" else 8)
+    if conc < 1:
+        raise ConfigError("--concurrency must be >= 1")
+    cfg = RunConfig(suite, backends, reference_model=f"{info['model_id']}:{info['fingerprint'][:16]}",
+                    concurrency=conc)
+    plan = build_plan(suite, lengths, tok, limit=a.limit)
+    run_dir = a.out or Path("runs") / f"{Path(suite.name).stem}-{a.backend}-{cfg.config_hash()}"
+    return Prepared(cfg, plan, run_dir, info)

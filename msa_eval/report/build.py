@@ -1,0 +1,157 @@
+"""Build the side-by-side report: rows = tasks grouped by category, plus category means and
+the overall score (mean of category means, HELMET's "Ours"); columns = backend @ length;
+paired Δ (MSA - dense) with stratified bootstrap CIs; efficiency and failure rates."""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from msa_eval.report.stats import median
+from msa_eval.runner.records import SampleRecord
+
+CATEGORY_ORDER = ("recall", "rag", "rerank", "cite", "longqa", "summ", "icl")
+OVERALL = "overall"
+
+
+@dataclass
+class Report:
+    columns: list[tuple[str, int]]  # (backend, length)
+    rows: list[dict[str, Any]]  # {kind: task|category|overall, category, name, cells{col: score|None}, n{col}}
+    deltas: list[dict[str, Any]]  # {a, b, length, name, kind, delta, lo, hi, n}
+    efficiency: list[dict[str, Any]]  # one per column
+    notes: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def col(backend: str, length: int) -> str:
+        return f"{backend}@{length // 1024}k" if length % 1024 == 0 else f"{backend}@{length}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["columns"] = [self.col(b, n) for b, n in self.columns]
+        return d
+
+
+def _cat_key(c: str) -> tuple[int, str]:
+    return (CATEGORY_ORDER.index(c), c) if c in CATEGORY_ORDER else (len(CATEGORY_ORDER), c)
+
+
+def _aggregate(task_means: dict[str, float], cat_of: dict[str, str]) -> dict[str, float]:
+    """task means -> {task..., 'cat:<c>': category mean, 'overall': mean of category means}."""
+    out = dict(task_means)
+    by_cat: dict[str, list[float]] = defaultdict(list)
+    for t, v in task_means.items():
+        by_cat[cat_of[t]].append(v)
+    for c, vs in by_cat.items():
+        out[f"cat:{c}"] = sum(vs) / len(vs)
+    cats = [out[f"cat:{c}"] for c in by_cat]
+    if cats:
+        out[OVERALL] = sum(cats) / len(cats)
+    return out
+
+
+def _pairs(backends: list[str]) -> list[tuple[str, str]]:
+    """(sparse, dense) pairs: `<kind>:msa*` against `<kind>:dense` of the same run family."""
+    out = []
+    for a in backends:
+        head, _, tail = a.partition(":")
+        if tail.startswith("msa"):
+            suffix = tail.split("#", 1)[1] if "#" in tail else None
+            dense = f"{head}:dense" + (f"#{suffix}" if suffix else "")
+            if dense in backends:
+                out.append((a, dense))
+    return out
+
+
+def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0) -> Report:
+    backends = list(dict.fromkeys(r.backend for r in records))
+    lengths = sorted({r.length for r in records})
+    columns = [(b, n) for n in lengths for b in backends
+               if any(r.backend == b and r.length == n for r in records)]
+    cat_of = {r.task: r.category for r in records}
+    tasks = sorted(cat_of, key=lambda t: (_cat_key(cat_of[t]), t))
+    cell: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        cell[(r.backend, r.length)][r.task].append(r.score)
+    agg = {c: _aggregate({t: sum(v) / len(v) for t, v in cell[c].items()}, cat_of) for c in columns}
+    rows: list[dict[str, Any]] = []
+    for cat in sorted({cat_of[t] for t in tasks}, key=_cat_key):
+        for t in (t for t in tasks if cat_of[t] == cat):
+            rows.append({"kind": "task", "category": cat, "name": t,
+                         "cells": {Report.col(*c): _pct(agg[c].get(t)) for c in columns},
+                         "n": {Report.col(*c): len(cell[c].get(t, [])) for c in columns}})
+        rows.append({"kind": "category", "category": cat, "name": f"{cat} (mean)",
+                     "cells": {Report.col(*c): _pct(agg[c].get(f"cat:{cat}")) for c in columns}, "n": {}})
+    rows.append({"kind": "overall", "category": "", "name": "overall (mean of categories)",
+                 "cells": {Report.col(*c): _pct(agg[c].get(OVERALL)) for c in columns}, "n": {}})
+    deltas = []
+    for a, b in _pairs(backends):
+        for n in lengths:
+            deltas += _paired_deltas(records, a, b, n, cat_of, n_boot, seed)
+    notes = []
+    if not _pairs(backends):
+        notes.append("no MSA/dense pair among the backends: no deltas")
+    return Report(columns, rows, deltas, _efficiency(records, columns), notes)
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else round(100 * x, 1)
+
+
+def _paired_deltas(records, a, b, length, cat_of, n_boot, seed) -> list[dict[str, Any]]:
+    sa = {r.sample_id: r.score for r in records if r.backend == a and r.length == length}
+    sb = {r.sample_id: r.score for r in records if r.backend == b and r.length == length}
+    diffs: dict[str, list[float]] = defaultdict(list)
+    task_of = {r.sample_id: r.task for r in records}
+    for sid in sorted(set(sa) & set(sb)):
+        diffs[task_of[sid]].append(sa[sid] - sb[sid])
+    if not diffs:
+        return []
+    point = _aggregate({t: sum(d) / len(d) for t, d in diffs.items()}, cat_of)
+    rng = random.Random(seed)
+    boots: dict[str, list[float]] = defaultdict(list)
+    for _ in range(n_boot):  # resample within each task (stratified), then aggregate
+        tm = {t: sum(d[rng.randrange(len(d))] for _ in d) / len(d) for t, d in diffs.items()}
+        for k, v in _aggregate(tm, cat_of).items():
+            boots[k].append(v)
+    out = []
+    for k, v in point.items():
+        bs = sorted(boots[k])
+        kind = "overall" if k == OVERALL else ("category" if k.startswith("cat:") else "task")
+        n = sum(len(diffs[t]) for t in diffs if k in (t, OVERALL) or f"cat:{cat_of[t]}" == k)
+        out.append({"a": a, "b": b, "length": length, "name": k.removeprefix("cat:"), "kind": kind,
+                    "delta": round(100 * v, 1), "lo": round(100 * bs[int(0.025 * len(bs))], 1),
+                    "hi": round(100 * bs[min(len(bs) - 1, int(0.975 * len(bs)))], 1), "n": n})
+    return out
+
+
+def _efficiency(records: list[SampleRecord], columns) -> list[dict[str, Any]]:
+    out = []
+    for b, n in columns:
+        rs = [r for r in records if r.backend == b and r.length == n]
+        k = len(rs)
+        tok_s = [r.completion_tokens / r.decode_s for r in rs
+                 if r.decode_s and r.completion_tokens and r.completion_tokens > 1]
+        dens = [r.attention_density for r in rs if r.attention_density is not None]
+        mem = [r.peak_mem_bytes for r in rs if r.peak_mem_bytes]
+        pre = median([r.prefill_s * 1000 for r in rs if r.prefill_s is not None])
+        lat = median([r.latency_s for r in rs if r.latency_s is not None])
+        out.append({
+            "column": Report.col(b, n), "backend": b, "length": n, "samples": k,
+            "prefill_ms": round(pre, 1) if pre is not None else None,
+            "decode_tok_s": round(median(tok_s), 2) if tok_s else None,
+            "latency_s": round(lat, 2) if lat is not None else None,
+            "peak_mem_mb": round(max(mem) / 2**20, 1) if mem else None,
+            "attention_density": round(sum(dens) / len(dens), 3) if dens else None,
+            "null_rate": _rate(rs, lambda r: not (r.output or "").strip()),
+            "error_rate": _rate(rs, lambda r: r.status == "error"),
+            "truncation_rate": _rate(rs, lambda r: r.truncated_tokens > 0),
+            "max_tokens_rate": _rate(rs, lambda r: r.finish_reason == "length"),
+            "extraction_failure_rate": _rate(rs, lambda r: r.extraction_failed),
+        })
+    return out
+
+
+def _rate(rs, pred) -> float | None:
+    return round(sum(1 for r in rs if pred(r)) / len(rs), 3) if rs else None

@@ -1,0 +1,48 @@
+"""Read run directories: manifest + records, last record per (backend, sample) wins."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from msa_eval.errors import MsaEvalError
+from msa_eval.runner.manifest import RECORDS, read_manifest
+from msa_eval.runner.records import SampleRecord, read_records
+
+
+@dataclass
+class LoadedRun:
+    run_dir: Path
+    manifest: dict[str, Any]
+    records: list[SampleRecord]
+
+
+def load_run(run_dir: Path) -> LoadedRun:
+    m = read_manifest(run_dir)
+    if m is None:
+        raise MsaEvalError(f"{run_dir} is not an msa-eval run directory (no manifest.json): "
+                           "pass the folder printed by `msa-eval run`")
+    latest: dict[tuple[str, str], SampleRecord] = {}
+    for r in read_records(run_dir / RECORDS):
+        latest[(r.backend, r.sample_id)] = r
+    return LoadedRun(run_dir, m, list(latest.values()))
+
+
+def load_runs(run_dirs: list[Path]) -> list[SampleRecord]:
+    """Records of all runs; a backend key seen in two runs gets the run's folder name
+    appended (`local:dense#run2`) so the columns stay apart."""
+    out: list[SampleRecord] = []
+    seen: dict[str, Path] = {}
+    for d in run_dirs:
+        run = load_run(Path(d))
+        rename: dict[str, str] = {}
+        for key in sorted({r.backend for r in run.records}):
+            if key in seen and seen[key] != run.run_dir:
+                rename[key] = f"{key}#{run.run_dir.name}"
+            else:
+                seen[key] = run.run_dir
+        for r in run.records:
+            if r.backend in rename:
+                r = r.model_copy(update={"backend": rename[r.backend]})
+            out.append(r)
+    return out

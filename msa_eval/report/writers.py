@@ -1,0 +1,84 @@
+"""Report serialisations: Markdown (printed at the end of a run), CSV and JSON; every file
+is written atomically."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from msa_eval.report.build import Report
+from msa_eval.runner.records import atomic_write_json, atomic_write_text
+
+
+def delta_columns(rep: Report) -> list[tuple[str, str, int]]:
+    return list(dict.fromkeys((d["a"], d["b"], d["length"]) for d in rep.deltas))
+
+
+def _delta_label(a: str, b: str, n: int) -> str:
+    return f"Δ {a.split(':', 1)[1]}−{b.split(':', 1)[1]} @{n // 1024}k [95% CI]"
+
+
+def table_rows(rep: Report) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the main table as strings (shared by Markdown, CSV, rich)."""
+    cols = [Report.col(b, n) for b, n in rep.columns]
+    dcols = delta_columns(rep)
+    header = ["category", "task"] + cols + [_delta_label(*d) for d in dcols]
+    index = {(d["a"], d["b"], d["length"], d["name"]): d for d in rep.deltas}
+    rows = []
+    for r in rep.rows:
+        key = r["name"] if r["kind"] == "task" else (r["category"] or "overall")
+        line = [r["category"] if r["kind"] != "overall" else "", r["name"]]
+        line += ["" if r["cells"][c] is None else f"{r['cells'][c]:.1f}" for c in cols]
+        for a, b, n in dcols:
+            d = index.get((a, b, n, key))
+            line.append("" if d is None else f"{d['delta']:+.1f} [{d['lo']:+.1f}, {d['hi']:+.1f}]")
+        rows.append(line)
+    return header, rows
+
+
+EFF_FIELDS = ("column", "samples", "prefill_ms", "decode_tok_s", "latency_s", "peak_mem_mb",
+              "attention_density", "null_rate", "error_rate", "truncation_rate",
+              "max_tokens_rate", "extraction_failure_rate")
+
+
+def to_markdown(rep: Report) -> str:
+    header, rows = table_rows(rep)
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        out.append("| " + " | ".join(r) + " |")
+    out += ["", "| " + " | ".join(EFF_FIELDS) + " |", "|" + "---|" * len(EFF_FIELDS)]
+    for e in rep.efficiency:
+        out.append("| " + " | ".join("" if e[f] is None else str(e[f]) for f in EFF_FIELDS) + " |")
+    out += ["", "Scores are 0-100 (headline metric per task); overall = mean of category means; "
+            "empty or failed outputs score 0. Δ: paired over identical prompts, stratified "
+            "bootstrap 95% CI."]
+    out += [f"Note: {n}" for n in rep.notes]
+    return "\n".join(out) + "\n"
+
+
+def to_csv(rep: Report) -> str:
+    header, rows = table_rows(rep)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def efficiency_csv(rep: Report) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(EFF_FIELDS), extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rep.efficiency)
+    return buf.getvalue()
+
+
+def write_report(rep: Report, out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out_dir / "report.md", "csv": out_dir / "report.csv",
+             "efficiency_csv": out_dir / "efficiency.csv", "json": out_dir / "report.json"}
+    atomic_write_text(paths["markdown"], to_markdown(rep))
+    atomic_write_text(paths["csv"], to_csv(rep))
+    atomic_write_text(paths["efficiency_csv"], efficiency_csv(rep))
+    atomic_write_json(paths["json"], rep.to_dict())
+    return paths

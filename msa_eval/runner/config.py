@@ -1,0 +1,142 @@
+"""Typed run configuration. YAML suites (configs/helmet*.yaml) are validated by pydantic at
+the edge (`load_suite`, unknown keys are errors) and turned into these dataclasses."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from msa_eval.errors import MsaEvalError
+
+Mode = Literal["chat", "completion"]
+
+
+class ConfigError(MsaEvalError):
+    """A bad suite file, flag value or run directory."""
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    name: str
+    samples: int | None = None  # per length; None = the suite's default
+    max_tokens: int | None = None  # generation budget override
+    options: dict[str, Any] = field(default_factory=dict)  # constructor options (loaders)
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    name: str
+    tasks: tuple[TaskEntry, ...]
+    lengths: tuple[int, ...] = ()  # empty = chosen from the model's context
+    samples: int = 5
+    seed: int = 42
+    mode: Mode = "chat"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    kind: str  # "local" | "openai"
+    model: str
+    attention: str | None = None  # local only: dense | msa | msa-ref
+    base_url: str | None = None  # openai only
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """Column name in reports: `local:msa`, `local:dense`, `openai:<model>`."""
+        return f"{self.kind}:{self.attention}" if self.kind == "local" else f"{self.kind}:{self.model}"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    suite: SuiteConfig
+    backends: tuple[BackendSpec, ...]
+    reference_model: str  # whose tokenizer fits the prompts (the local model by default)
+    concurrency: int = 1
+
+    def identity(self) -> dict[str, Any]:
+        """What defines the results (not concurrency, not --limit): hashed for resume."""
+        d = asdict(self)
+        d.pop("concurrency")
+        for b in d["backends"]:
+            b["options"] = {k: v for k, v in b["options"].items() if k not in ("api_key", "timeout")}
+        return d
+
+    def config_hash(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# --- YAML edge ------------------------------------------------------------------------------
+class _TaskModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    samples: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    options: dict[str, Any] = {}
+
+
+class _SuiteModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    tasks: list[_TaskModel | str]
+    lengths: list[int | str] = []
+    samples: int = Field(default=5, ge=1)
+    seed: int = 42
+    mode: Mode = "chat"
+
+
+def parse_length(text: str | int) -> int:
+    """'2k' -> 2048, '7.5k' -> 7680, '4096' -> 4096."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*", str(text))
+    if not m:
+        raise ConfigError(f"bad length {text!r}: use tokens like 2048 or 2k,4k,7.5k")
+    v = float(m.group(1)) * (1024 if m.group(2) else 1)
+    if v < 256 or v != int(v):
+        raise ConfigError(f"bad length {text!r}: lengths are whole token counts >= 256")
+    return int(v)
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    return tuple(parse_length(x) for x in text.split(",") if x.strip())
+
+
+def suite_from_dict(d: dict[str, Any], source: str) -> SuiteConfig:
+    try:
+        m = _SuiteModel.model_validate(d)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"{source}: {loc}: {err['msg']} (fix the suite file)") from None
+    tasks = tuple(
+        TaskEntry(t) if isinstance(t, str) else TaskEntry(t.name, t.samples, t.max_tokens, t.options)
+        for t in m.tasks)
+    return SuiteConfig(m.name, tasks, tuple(parse_length(x) for x in m.lengths), m.samples,
+                       m.seed, m.mode)
+
+
+def configs_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "configs"
+
+
+def load_suite(name_or_path: str) -> SuiteConfig:
+    """A suite by name (`configs/<name>.yaml`) or by path."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = configs_dir() / f"{name_or_path}.yaml"
+    if not p.is_file():
+        known = sorted(x.stem for x in configs_dir().glob("helmet*.yaml"))
+        raise ConfigError(f"no suite {name_or_path!r}: use one of {known} or a path to a YAML suite")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return suite_from_dict(data or {}, str(p))

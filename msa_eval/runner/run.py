@@ -1,0 +1,132 @@
+"""The run loop: plan -> run directory -> per backend, pending samples in batches of
+`concurrency` -> `Backend.generate` -> score -> append records (fsynced) -> manifest.
+
+Resume: a (backend, sample) pair with an `ok` record is never generated again; `error`
+records are retried. Interrupted runs leave status "interrupted" in the manifest."""
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from msa_eval.backends.base import Backend, BackendError, GenRequest, GenResult
+from msa_eval.runner.config import BackendSpec, ConfigError, RunConfig
+from msa_eval.runner.manifest import RECORDS, open_run_dir, save_manifest
+from msa_eval.runner.plan import PlannedTask
+from msa_eval.runner.records import SampleRecord, append_records, read_records
+from tasks.base import Sample
+
+BackendFactory = Callable[[BackendSpec], Backend]
+# progress(event, **info): event in {"backend", "advance", "done"}
+Progress = Callable[..., None]
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    manifest: dict[str, Any]
+    records: list[SampleRecord]
+    generated: int = 0
+    skipped: int = 0
+    errors: int = 0
+    backends: list[str] = field(default_factory=list)
+
+
+def default_factory(spec: BackendSpec) -> Backend:
+    from msa_eval.backends.factory import make_backend
+
+    if spec.kind == "local":
+        return make_backend("local", model=spec.model, attention=spec.attention or "dense", **spec.options)
+    return make_backend(spec.kind, base_url=spec.base_url, model=spec.model, **spec.options)
+
+
+def to_request(s: Sample) -> GenRequest:
+    return GenRequest(id=s.id, prompt=s.prompt, messages=s.messages, max_tokens=s.max_tokens,
+                      temperature=0.0, stop=list(s.stop), seed=s.metadata.get("seed", 0) % (2**31))
+
+
+def to_record(key: str, s: Sample, r: GenResult) -> SampleRecord:
+    failed = r.finish_reason == "error" or r.error is not None
+    sc = s.score(None if failed else r.text)
+    extra = {k: float(v) for k, v in sc.items()
+             if k not in ("score", "metric", "parsed", "extraction_failed") and isinstance(v, (int, float))}
+    return SampleRecord(
+        backend=key, sample_id=s.id, task=s.task, category=s.category,
+        length=s.metadata["target_length"], mode=s.mode, status="error" if failed else "ok",
+        prompt_hash=s.prompt_hash(), prompt_tokens_ref=s.metadata["prompt_tokens"],
+        prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+        truncated_tokens=s.metadata.get("truncated_tokens", 0), depth=s.metadata.get("depth"),
+        answers=s.answers, output=None if failed else r.text, parsed=sc.get("parsed"),
+        score=float(sc["score"]), metric=sc["metric"], metrics=extra,
+        extraction_failed=bool(sc["extraction_failed"]), finish_reason=r.finish_reason,
+        latency_s=r.latency_s, ttft_s=r.ttft_s, prefill_s=r.prefill_s, decode_s=r.decode_s,
+        attention_density=r.extra.get("attention_density"),
+        peak_mem_bytes=r.extra.get("peak_mem_bytes"), error=r.error,
+    )
+
+
+def run_suite(
+    cfg: RunConfig, run_dir: Path, plan: list[PlannedTask], reference: dict[str, Any],
+    factory: BackendFactory = default_factory, progress: Progress | None = None,
+) -> RunResult:
+    manifest = open_run_dir(run_dir, cfg, reference)
+    samples = [s for p in plan for s in p.samples]
+    manifest["plan"] = {"samples": len(samples), "tasks": sorted({s.task for s in samples}),
+                        "lengths": sorted({p.length for p in plan})}
+    save_manifest(run_dir, manifest)
+    path = run_dir / RECORDS
+    records = read_records(path)
+    done = {(r.backend, r.sample_id) for r in records if r.status == "ok"}
+    result = RunResult(run_dir, manifest, records)
+    emit = progress or (lambda *a, **k: None)
+    try:
+        for spec in cfg.backends:
+            key = spec.key
+            result.backends.append(key)
+            pending = [s for s in samples if (key, s.id) not in done]
+            result.skipped += len(samples) - len(pending)
+            emit("backend", key=key, total=len(samples), done=len(samples) - len(pending))
+            if not pending:
+                continue
+            t0 = time.perf_counter()
+            backend = factory(spec)
+            manifest["backends"][key] = {**backend.describe(), "load_s": time.perf_counter() - t0}
+            save_manifest(run_dir, manifest)
+            for i in range(0, len(pending), max(1, cfg.concurrency)):
+                batch = pending[i:i + max(1, cfg.concurrency)]
+                results = backend.generate([to_request(s) for s in batch])
+                new = [to_record(key, s, r) for s, r in zip(batch, results)]
+                append_records(path, new)
+                records.extend(new)
+                result.generated += len(new)
+                result.errors += sum(r.status == "error" for r in new)
+                emit("advance", key=key, n=len(new))
+            manifest["backends"][key]["peak_rss_bytes"] = \
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()
+            del backend
+            save_manifest(run_dir, manifest)
+    except KeyboardInterrupt:
+        manifest["status"] = "interrupted"
+        save_manifest(run_dir, manifest)
+        raise
+    except (BackendError, ConfigError) as e:
+        manifest["status"] = "error"
+        manifest["error"] = str(e)
+        save_manifest(run_dir, manifest)
+        raise
+    except Exception as e:
+        manifest["status"] = "error"
+        manifest["error"] = f"{type(e).__name__}: {e}"
+        save_manifest(run_dir, manifest)
+        raise
+    manifest["status"] = "complete" if result.errors == 0 else "complete_with_errors"
+    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    save_manifest(run_dir, manifest)
+    emit("done")
+    result.records = records
+    return result
