@@ -14,6 +14,9 @@ COMMAND_MODULES = [
     "msa_eval.cli.models",
     "msa_eval.cli.generate",
     "msa_eval.cli.serve",
+    "msa_eval.cli.run",
+    "msa_eval.cli.report",
+    "msa_eval.cli.tasks",
 ]
 
 
