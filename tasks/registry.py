@@ -7,7 +7,7 @@ import importlib
 from tasks.base import Task, TaskError
 
 # Packages whose import registers tasks. Missing packages are skipped (a suite still in work).
-SUITE_PACKAGES = ["tasks.helmet", "tasks.repo"]
+SUITE_PACKAGES = ["tasks.helmet", "tasks.loaders", "tasks.repo"]
 
 _REGISTRY: dict[str, type[Task]] = {}
 _loaded = False

@@ -27,9 +27,10 @@ class JsonKV(Task):
         rng, seed = rng_for(self, spec, index)
         key, value = text.uuid_str(rng), text.uuid_str(rng)
         depth = depth_for(index)
-        before = ("Extract the value corresponding to the specified key in the JSON object "
-                  "below.\n\nJSON data:\n")
-        after = f'\n\nKey: "{key}"'
+        # HELMET's template (from lost-in-the-middle): the JSON first, then the instruction
+        before = "JSON data:\n"
+        after = ("\n\nExtract the value corresponding to the specified key in the JSON object "
+                 f'below.\n\nKey: "{key}"')
         prefix = "Corresponding value:"
 
         def make(n: int, tail: int) -> PromptParts:
