@@ -25,12 +25,20 @@ _BIG = 1 << 30  # sentinel id of an empty table slot; real block ids are far sma
 
 
 @triton.jit
+def _replace_worst(vals, ids, worst, enter, score, b):
+    """Rows where ``enter``: the worst slot (lowest score, largest id among equals) takes ``(score, b)``."""
+    evict = tl.max(tl.where(vals == worst[:, None], ids, -1), axis=1)
+    hit = (ids == evict[:, None]) & enter[:, None]
+    return tl.where(hit, score[:, None], vals), tl.where(hit, b, ids)
+
+
+@triton.jit
 def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, AUX,
                         stride_qt, stride_qh, stride_kp, stride_kb, stride_pt,
                         stride_it, stride_ih, stride_st, stride_sh, scale,
                         H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr,
                         TQ: tl.constexpr, BLOCK_M: tl.constexpr, MODE: tl.constexpr,
-                        UPCAST: tl.constexpr):
+                        UPCAST: tl.constexpr, SKIP_UNCHANGED: tl.constexpr):
     pid = tl.program_id(0)
     req = tl.load(TILE_REQ + pid)
     if req < 0:
@@ -73,11 +81,11 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
         if MODE == 0:
             worst = tl.min(vals, axis=1)
             enter = score > worst
-            if tl.max(enter.to(tl.int32), axis=0) > 0:
-                evict = tl.max(tl.where(vals == worst[:, None], ids, -1), axis=1)
-                hit = (ids == evict[:, None]) & enter[:, None]
-                vals = tl.where(hit, score[:, None], vals)
-                ids = tl.where(hit, b, ids)
+            if SKIP_UNCHANGED:  # most late blocks enter no row: skip the update tile-wide
+                if tl.max(enter.to(tl.int32), axis=0) > 0:
+                    vals, ids = _replace_worst(vals, ids, worst, enter, score, b)
+            else:
+                vals, ids = _replace_worst(vals, ids, worst, enter, score, b)
         elif MODE == 1:
             tl.store(SCORES + tok.to(tl.int64) * stride_st + head * stride_sh + b, score,
                      mask=row_ok & (b < local))
