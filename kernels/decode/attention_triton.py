@@ -17,26 +17,33 @@ outputs ``ws_o [T, Hq, S, d]`` fp32 and log2-domain LSEs ``ws_lse [T, Hq, S]``, 
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
 
 
+def dot_precision(dtype, interpret: bool) -> str:
+    """fp32 operands (fp32 inputs, or the interpreter's upcast) get exact products; bf16/fp16 use the
+    tensor cores whatever this says (the setting only applies to fp32 operands)."""
+    return "ieee" if interpret or dtype == torch.float32 else "tf32"
+
+
 @triton.jit
-def _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32: tl.constexpr):
+def _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32: tl.constexpr, PREC: tl.constexpr):
     """One page of online softmax: q [M, D], k/v [PAGE, D], visible [M, PAGE]."""
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    qk = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return m_new, l_i, acc
 
 
@@ -70,7 +77,7 @@ def _sparse_split_kernel(
     stride_it, stride_ih, stride_pt, stride_ot, stride_oh,
     q_len, num_splits, num_q_heads, topk, qk_scale,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_FP32: tl.constexpr,
+    DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_FP32: tl.constexpr, PREC: tl.constexpr,
 ):
     t = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -102,7 +109,7 @@ def _sparse_split_kernel(
         k = tl.load(k_ptr + phys * stride_kp + kvh * stride_kh + kv_off, mask=tok_ok[:, None], other=0.0)
         v = tl.load(v_ptr + phys * stride_vp + kvh * stride_vh + kv_off, mask=tok_ok[:, None], other=0.0)
         visible = tok_ok[None, :] & g_ok[:, None]
-        m_i, l_i, acc = _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32)
+        m_i, l_i, acc = _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32, PREC)
     t_rows = t + tl.zeros([GP], tl.int32)
     _write_result(m_i, l_i, acc, t_rows, head, g_ok, s, num_splits, num_q_heads,
                   out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, stride_ot, stride_oh, D, DIRECT, WRITE_LSE)
@@ -116,7 +123,7 @@ def _dense_split_kernel(
     stride_pt, stride_ot, stride_oh,
     q_len, num_splits, num_q_heads, num_row_blocks, qk_scale,
     G: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_FP32: tl.constexpr,
+    DIRECT: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_FP32: tl.constexpr, PREC: tl.constexpr,
 ):
     r = tl.program_id(0) // num_row_blocks
     rb = tl.program_id(0) % num_row_blocks
@@ -150,7 +157,7 @@ def _dense_split_kernel(
         k = tl.load(k_ptr + phys * stride_kp + kvh * stride_kh + kv_off, mask=tok_ok[:, None], other=0.0)
         v = tl.load(v_ptr + phys * stride_vp + kvh * stride_vh + kv_off, mask=tok_ok[:, None], other=0.0)
         visible = (tok[None, :] <= pos[:, None]) & row_ok[:, None]
-        m_i, l_i, acc = _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32)
+        m_i, l_i, acc = _online_softmax_page(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_FP32, PREC)
     _write_result(m_i, l_i, acc, t, head, row_ok, s, num_splits, num_q_heads,
                   out_ptr, lse_ptr, ws_o_ptr, ws_lse_ptr, stride_ot, stride_oh, D, DIRECT, WRITE_LSE)
 
@@ -214,7 +221,7 @@ def launch_sparse(q, k_cache, v_cache, topk_ids, page_table, seq_lens, q_len, sm
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
         q_len, num_splits, hq, topk_ids.shape[2], sm_scale * LOG2E,
         G=group, GP=max(16, triton.next_power_of_2(group)), D=d, PAGE=page,
-        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret,
+        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret, PREC=dot_precision(q.dtype, interpret),
         num_warps=4, num_stages=2,
     )
     if not direct:
@@ -245,7 +252,7 @@ def launch_dense(q, k_cache, v_cache, page_table, seq_lens, q_len, sm_scale,
         page_table.stride(0), out.stride(0), out.stride(1),
         q_len, num_splits, hq, nrb, sm_scale * LOG2E,
         G=group, ROWS=rows, D=d, PAGE=page,
-        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret,
+        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret, PREC=dot_precision(q.dtype, interpret),
         num_warps=4 if rows <= 32 else 8, num_stages=2,
     )
     if not direct:

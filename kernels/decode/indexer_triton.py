@@ -21,6 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .attention_triton import dot_precision
+
 
 @triton.jit
 def _indexer_split_kernel(
@@ -29,6 +31,7 @@ def _indexer_split_kernel(
     q_len, num_splits,
     H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
     KEEP: tl.constexpr, KP: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -65,7 +68,7 @@ def _indexer_split_kernel(
             keys = keys.to(tl.float32)
         else:
             keys = keys.to(q.dtype)
-        dots = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [PAGE, ROWS] fp32
+        dots = tl.dot(keys, tl.trans(q), input_precision=PREC)  # [PAGE, ROWS] fp32
         if HAS_SCALE:
             tscale = tl.load(scale_ptr + phys * stride_sp + toks)
             dots = dots * tscale[:, None]
@@ -133,7 +136,7 @@ def launch_indexer(
         scale.stride(0) if has_scale else 0, page_table.stride(0),
         q_len, num_splits,
         H=heads, D=d_idx, PAGE=page, ROWS=rows, KEEP=topk - 1, KP=kp,
-        HAS_SCALE=has_scale, DOT_FP32=interpret,
+        HAS_SCALE=has_scale, DOT_FP32=interpret, PREC=dot_precision(q_idx.dtype, interpret),
         num_warps=4, num_stages=3,
     )
     _indexer_merge_kernel[(q_idx.shape[0], heads)](
