@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_BIG = 1 << 30  # sentinel id of an empty table slot; real block ids are far smaller
+_BIG = tl.constexpr(1 << 30)  # sentinel id of an empty table slot; real block ids are far smaller
 
 
 @triton.jit
