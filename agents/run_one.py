@@ -1,6 +1,7 @@
 """Run one task with one backend through the agent loop (CLI and batch runner use this)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from agents.task import AgentTask
 
 def task_config(task: AgentTask, base: AgentConfig) -> AgentConfig:
     """The run config with the task's own limits applied (limits are task properties)."""
-    lim = {**base.limits.__dict__, **{k: v for k, v in task.limits.items() if k in AgentLimits.__dataclass_fields__}}
+    own = {k: v for k, v in task.limits.items() if k in AgentLimits.__dataclass_fields__ and k != "context_window"}
+    lim = {**base.limits.__dict__, **own}
     return AgentConfig(AgentLimits(**lim), base.context_policy, base.tool_mode, base.temperature, base.seed)
 
 
@@ -21,10 +23,14 @@ def run_task(task: AgentTask, backend: Any, config: AgentConfig, trajectory: Pat
              container: bool = False, override_task_limits: bool = False) -> AgentResult:
     """Build the task's environment, run the loop (resuming if asked), close the environment.
 
-    `backend="oracle"` selects the oracle policy for this task."""
+    `backend="oracle"` selects the oracle policy for this task; it has no context window of
+    its own, so its window is unlimited unless the config sets one below the default."""
+    cfg = config if override_task_limits else task_config(task, config)
     if backend == "oracle":
         backend = OraclePolicy(task.gold, task_id=task.id)
-    cfg = config if override_task_limits else task_config(task, config)
+        if cfg.limits.context_window == AgentLimits().context_window:
+            cfg = AgentConfig(replace(cfg.limits, context_window=10**9), cfg.context_policy, cfg.tool_mode,
+                              cfg.temperature, cfg.seed)
     env = get_family(task.family).environment(task, container=container)
     try:
         return AgentLoop(task, env, backend, cfg, trajectory).run(resume=resume)
