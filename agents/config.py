@@ -40,6 +40,7 @@ class AgentConfig:
     tool_mode: str = "native"  # native | text
     temperature: float = 0.0
     seed: int | None = 0
+    explicit_limits: tuple[str, ...] = ()  # set by the user: a task's own limits do not override these
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,9 +14,9 @@ from agents.task import AgentTask
 
 def task_config(task: AgentTask, base: AgentConfig) -> AgentConfig:
     """The run config with the task's own limits applied (limits are task properties)."""
-    own = {k: v for k, v in task.limits.items() if k in AgentLimits.__dataclass_fields__ and k != "context_window"}
-    lim = {**base.limits.__dict__, **own}
-    return AgentConfig(AgentLimits(**lim), base.context_policy, base.tool_mode, base.temperature, base.seed)
+    own = {k: v for k, v in task.limits.items() if k in AgentLimits.__dataclass_fields__
+           and k != "context_window" and k not in base.explicit_limits}
+    return replace(base, limits=replace(base.limits, **own))
 
 
 def run_task(task: AgentTask, backend: Any, config: AgentConfig, trajectory: Path, resume: bool = False,
@@ -29,8 +29,7 @@ def run_task(task: AgentTask, backend: Any, config: AgentConfig, trajectory: Pat
     if backend == "oracle":
         backend = OraclePolicy(task.gold, task_id=task.id)
         if cfg.limits.context_window == AgentLimits().context_window:
-            cfg = AgentConfig(replace(cfg.limits, context_window=10**9), cfg.context_policy, cfg.tool_mode,
-                              cfg.temperature, cfg.seed)
+            cfg = replace(cfg, limits=replace(cfg.limits, context_window=10**9))
     env = get_family(task.family).environment(task, container=container)
     try:
         return AgentLoop(task, env, backend, cfg, trajectory).run(resume=resume)
