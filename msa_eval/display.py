@@ -111,3 +111,74 @@ def task_sample(task: dict[str, Any], sample: dict[str, Any]) -> None:
     table("sample", ["field", "value"],
           [("id", sample["id"]), ("answers", sample["answers"]), ("max_tokens", sample["max_tokens"]),
            ("stop", sample["stop"])] + sorted(meta.items()))
+
+
+# --- agents (msa-eval agent ..., run agents) --------------------------------------------------
+def agent_tasks_table(suite: str, rows: list[dict[str, Any]]) -> None:
+    table(f"agent suite {suite}", ["id", "family", "gold calls", "max steps", "knobs"],
+          [(r["id"], r["family"], r["gold_tool_calls"], r["max_steps"],
+            ", ".join(f"{k}={v}" for k, v in r["knobs"].items())) for r in rows])
+
+
+def agent_result(res: dict[str, Any]) -> None:
+    color = "green" if res.get("score", 0) >= 1 else "red"
+    console.print(f"[bold]{res['task_id']}[/]: status [bold]{res['status']}[/], score [{color}]{res['score']}[/]"
+                  f" | steps {res.get('steps')} tool calls {res.get('tool_calls')} format errors {res.get('format_errors')}"
+                  f" | peak context {res.get('peak_context_tokens')} tokens, trajectory {res.get('trajectory_tokens')}"
+                  f" ({res.get('token_counting')}) | {res.get('wall_s')} s", highlight=False)
+    console.print(f"grade: {json.dumps(res.get('grade'))}", highlight=False, markup=False)
+    console.print(f"trajectory: {res.get('trajectory')}", highlight=False, markup=False)
+
+
+def agent_record_line(rec: dict[str, Any]) -> None:
+    err_console.print(f"  {rec['task_id']}: {rec['status']} score={rec.get('score')} steps={rec.get('steps')}",
+                      highlight=False, markup=False)
+
+
+def agent_summary_table(rows: list[dict[str, Any]], ran: int, skipped: int) -> None:
+    table(f"agent run: {ran} ran, {skipped} already done", ["task", "status", "score", "steps", "tool calls",
+          "peak ctx", "prompt tok", "cost $", "wall s"],
+          [(r["task_id"], r["status"], r.get("score"), r.get("steps"), r.get("tool_calls"), r.get("peak_context_tokens"),
+            r.get("prompt_tokens"), r.get("cost_usd"), r.get("wall_s")) for r in rows])
+    if rows:
+        ok = sum(1 for r in rows if (r.get("score") or 0) >= 1)
+        console.print(f"success {ok}/{len(rows)}", highlight=False)
+
+
+def agent_transcript(t: Any, max_chars: int = 1500) -> None:
+    """A readable transcript of an agent trajectory (`agents.trajectory.Trajectory`)."""
+    from rich.markup import escape as _esc
+
+    h = t.header
+    console.print(f"[bold]task {h['task']['id']}[/] (family {h['task']['family']}) backend "
+                  f"{_esc(json.dumps(h.get('backend')))} policy {h['config']['context_policy']}", highlight=False)
+
+    def clip(s: Any) -> str:
+        s = "" if s is None else str(s)
+        return _esc(s if len(s) <= max_chars else s[:max_chars] + f" ...[{len(s) - max_chars} more chars]")
+
+    for m in h["messages"]:
+        console.print(f"[cyan]{m['role']}[/]: {clip(m.get('content'))}", highlight=False)
+    events = {}
+    for e in t.events:
+        events.setdefault(e["step"], []).append(e)
+    for s in t.steps:
+        for e in events.get(s["step"] - 1, []):
+            console.print(f"[magenta]-- context policy: {e['kind']} {_esc(json.dumps(e['detail'])[:300])}[/]", highlight=False)
+        u = s["usage"]
+        console.print(f"[bold]step {s['step']}[/] [dim](context {s['context_tokens']} tok, prompt {u['prompt_tokens']},"
+                      f" completion {u['completion_tokens']}, {s['latency_s']} s)[/]", highlight=False)
+        for m in s["messages"]:
+            if m["role"] == "assistant":
+                if m.get("content"):
+                    console.print(f"[green]assistant[/]: {clip(m['content'])}", highlight=False)
+                for tc in m.get("tool_calls") or []:
+                    console.print(f"[green]call[/] {tc['function']['name']}({clip(tc['function']['arguments'])})", highlight=False)
+            else:
+                console.print(f"[yellow]{'result' if m['role'] == 'tool' else m['role']}[/]: {clip(m.get('content'))}", highlight=False)
+    if t.result:
+        r = t.result
+        console.print(f"[bold]result[/]: {r['status']} score {r['score']} steps {r['steps']} peak context "
+                      f"{r['peak_context_tokens']} {_esc(json.dumps(r.get('grade')))}", highlight=False)
+    else:
+        console.print("[bold yellow]no result yet[/] (the run stopped early; `agent run --resume --out FILE` continues it)")

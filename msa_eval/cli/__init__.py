@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "msa_eval.cli.run",
     "msa_eval.cli.report",
     "msa_eval.cli.tasks",
+    "msa_eval.cli.agent",
 ]
 
 
