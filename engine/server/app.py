@@ -47,7 +47,8 @@ def _on_step(metrics: ServerMetrics):
 
 def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics()
-    bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics))
+    bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics),
+                         on_abort=metrics.aborted.inc)
     state = ServingState.build(llm, bridge, metrics, config.served_model_names)
 
     @contextlib.asynccontextmanager
@@ -67,8 +68,6 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
         if endpoint.startswith("/v1/"):
             metrics.requests.labels(endpoint, str(response.status_code)).inc()
             metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-        metrics.queue_depth.set(len(bridge.waiting_first_token))
-        metrics.running.set(bridge.admitted - len(bridge.waiting_first_token))
         return response
 
     @app.exception_handler(ApiError)
@@ -101,6 +100,8 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        metrics.queue_depth.set(len(bridge.waiting_first_token))
+        metrics.running.set(bridge.admitted - len(bridge.waiting_first_token))
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")

@@ -7,8 +7,8 @@ thread: handlers put commands (add a request, abort one, run a function such as
 queue of its request through `loop.call_soon_threadsafe`. All concurrent requests are
 therefore batched by the engine's own scheduler (continuous batching).
 
-Admission control: at most `capacity` requests (running + waiting) are admitted; one more
-raises `QueueFullError` (HTTP 429). A handler that stops listening (client disconnect,
+Admission control: a route reserves a slot before it answers (so a full server can still
+say 429 in the status line); at most `capacity` requests (running + waiting) hold slots. A handler that stops listening (client disconnect,
 cancellation) aborts its engine request in the `finally` of `stream`.
 """
 from __future__ import annotations
@@ -44,10 +44,12 @@ class AsyncEngine:
         engine: Any,
         capacity: int,
         on_step: Callable[[Any], None] | None = None,
+        on_abort: Callable[[], None] | None = None,
     ) -> None:
         self._engine = engine
         self.capacity = capacity
         self._on_step = on_step  # called in the engine thread after every step (metrics)
+        self._on_abort = on_abort  # called on the event loop when a request is abandoned unfinished
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}
         self._lock = threading.Lock()
@@ -70,11 +72,22 @@ class AsyncEngine:
         return self._thread.is_alive()
 
     # ------------------------------------------------------------ event-loop side
-    async def stream(self, request_id: str, prompt_ids: list[int], params: Any) -> AsyncIterator[StreamEvent]:
-        """Admit one request and yield its events until it finishes (or the caller stops)."""
+    def reserve(self) -> None:
+        """Take one admission slot (before the HTTP status is sent); QueueFullError when none is left."""
         if self.admitted >= self.capacity:
             raise QueueFullError(f"server is at capacity ({self.capacity} requests running or queued)")
         self.admitted += 1
+
+    def release(self) -> None:
+        """Give back a slot taken by `reserve` (once per reservation)."""
+        self.admitted -= 1
+
+    async def stream(self, request_id: str, prompt_ids: list[int], params: Any) -> AsyncIterator[StreamEvent]:
+        """Run one request (its slot already reserved) and yield its events until it finishes.
+
+        If the caller stops early (disconnect, cancellation, stop string), the engine request
+        is aborted in the `finally`.
+        """
         sink = _Sink(asyncio.get_running_loop(), asyncio.Queue())
         with self._lock:
             self._sinks[request_id] = sink
@@ -91,9 +104,10 @@ class AsyncEngine:
             with self._lock:
                 self._sinks.pop(request_id, None)
             self.waiting_first_token.discard(request_id)
-            self.admitted -= 1
             if not finished:
                 self._commands.put(("abort", request_id))
+                if self._on_abort is not None:
+                    self._on_abort()
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))

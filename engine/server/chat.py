@@ -13,6 +13,7 @@ from typing import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from engine.server.errors import ApiError
 from engine.server.generation import Generation
@@ -47,7 +48,8 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request, st
     tool_names = _offered_tool_names(req)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(gen, req.model, tool_names, include_usage), media_type="text/event-stream")
+        return StreamingResponse(_sse(gen, req.model, tool_names, include_usage), media_type="text/event-stream",
+                                 background=BackgroundTask(gen.release))
     text = await gen.run(http_request)
     parsed = parse_tool_calls(text, tool_names)
     calls = [ToolCallModel(id=c.id, function=ToolCallFunction(name=c.name, arguments=c.arguments))

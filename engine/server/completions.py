@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from engine.server.errors import ApiError
 from engine.server.generation import Generation
@@ -63,12 +64,10 @@ def _logprobs(state: ServingState, ids: list[int], rows: list[tuple[Any, dict]],
                               top_logprobs=tops, text_offset=offsets)
 
 
-async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int], max_new: int,
-               http_request: Request) -> tuple[CompletionChoice, int]:
+async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int],
+               gen: Generation | None, http_request: Request) -> tuple[CompletionChoice, int]:
     text, gen_ids, finish = "", [], "length"
-    if max_new > 0:
-        gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompt_ids, state.sampling_params(req, max_new),
-                         req.stop_strings())
+    if gen is not None:
         text = await gen.run(http_request)
         gen_ids, finish = list(gen.token_ids), gen.finish_reason or "stop"
     prefix = state.llm.tokenizer.decode(prompt_ids, skip_special_tokens=False) if req.echo else ""
@@ -92,8 +91,24 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
         gen = Generation(state, f"cmpl-{uuid.uuid4().hex}", prompts[0], state.sampling_params(req, max_new[0]),
                          req.stop_strings())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(gen, req.model, include_usage), media_type="text/event-stream")
-    results = await asyncio.gather(*(_one(state, req, i, p, m, http_request) for i, (p, m) in enumerate(zip(prompts, max_new))))
+        return StreamingResponse(_sse(gen, req.model, include_usage), media_type="text/event-stream",
+                                 background=BackgroundTask(gen.release))
+    gens: list[Generation | None] = []
+    try:  # reserve every prompt's slot before generating any (all or nothing -> 429)
+        for p, m in zip(prompts, max_new):
+            gens.append(Generation(state, f"cmpl-{uuid.uuid4().hex}", p, state.sampling_params(req, m),
+                                   req.stop_strings()) if m > 0 else None)
+    except BaseException:
+        for g in gens:
+            if g is not None:
+                g.release()
+        raise
+    try:
+        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request) for i, (p, g) in enumerate(zip(prompts, gens))))
+    finally:
+        for g in gens:
+            if g is not None:
+                g.release()
     prompt_tokens = sum(len(p) for p in prompts)
     completion_tokens = sum(n for _, n in results)
     return Completion(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=req.model,

@@ -29,6 +29,14 @@ class Generation:
         self._text = IncrementalText(state.llm.tokenizer, stop)
         self.finish_reason: str | None = None
         self.ttft_s: float | None = None
+        state.engine.reserve()  # QueueFullError -> 429 before any byte is sent
+        self._reserved = True
+
+    def release(self) -> None:
+        """Give the admission slot back (idempotent; also called if streaming never starts)."""
+        if self._reserved:
+            self._reserved = False
+            self.state.engine.release()
 
     @property
     def text(self) -> str:
@@ -65,6 +73,7 @@ class Generation:
                 yield tail
         finally:
             await events.aclose()  # aborts the engine request when it has not finished
+            self.release()
             n = len(self.token_ids)
             if self.ttft_s is not None and n > 1:
                 m.tpot.observe((time.perf_counter() - start - self.ttft_s) / (n - 1))
@@ -76,12 +85,17 @@ class Generation:
             return "".join([piece async for piece in self.deltas()])
 
         task = asyncio.create_task(consume())
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if http_request is not None and await http_request.is_disconnected():
+        try:  # the handler itself may be cancelled too: never leave the task running
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=poll_s)
+                if done:
+                    return task.result()
+                if http_request is not None and await http_request.is_disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    raise ClientDisconnected(self.request_id)
+        finally:
+            if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                raise ClientDisconnected(self.request_id)
+            self.release()

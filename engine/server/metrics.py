@@ -20,6 +20,8 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("msa_time_per_output_token_seconds", "decode time per output token after the first",
                               buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2), registry=r)
+        self.aborted = Counter("msa_requests_aborted", "engine requests aborted before they finished "
+                               "(client disconnected, stop string, error)", registry=r)
         self.running = Gauge("msa_requests_running", "admitted requests that produced a first token", registry=r)
         self.queue_depth = Gauge("msa_queue_depth", "admitted requests still waiting for their first token", registry=r)
         self.kv_cache_usage = Gauge("msa_kv_cache_usage_ratio", "fraction of KV-cache pages in use (0..1)", registry=r)
