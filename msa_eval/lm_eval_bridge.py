@@ -35,8 +35,12 @@ class MsaLocalLM(TemplateLM):
                  dtype: str | None = None, max_num_seqs: int = 8, batch_size: Any = None,
                  **_ignored: Any) -> None:
         super().__init__()
+        import torch
+
         from engine import LLM
 
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            device = None  # lm_eval's CLI passes --device cuda by default; fall back to auto
         self.llm = LLM(model=str(model), attention=str(attention), device=device, dtype=dtype,
                        max_model_len=int(max_length) if max_length else None,
                        max_num_seqs=int(max_num_seqs), progress=False)
