@@ -26,6 +26,13 @@ from .dispatch import dense_splits, in_graph_capture, indexer_splits, resolve_im
 from .indexer_triton import launch_indexer
 
 
+def _normalize(device: torch.device) -> torch.device:
+    """'cuda' -> 'cuda:<current>' so that device checks compare equal to tensors' devices."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class _DecodePlanBase:
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
@@ -38,7 +45,7 @@ class _DecodePlanBase:
                 raise ValueError(f"{name} must be a power of two >= 16, got {val}")
         self.num_q_heads, self.num_kv_heads = num_q_heads, num_kv_heads
         self.head_dim, self.page_size = head_dim, page_size
-        self.device, self.dtype = torch.device(device), dtype
+        self.device, self.dtype = _normalize(torch.device(device)), dtype
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.return_lse = return_lse
         self.impl = resolve_impl(impl, self.device)
