@@ -19,7 +19,7 @@ from agents.context import ContextPolicy, summary_request
 from agents.env import Environment, Grade
 from agents.errors import AgentHarnessError, ToolError
 from agents.task import AgentTask
-from agents.tokens import counter_for, messages_text
+from agents.tokens import MessageCounter, counter_for
 from agents.trajectory import SCHEMA, TrajectoryWriter, read_trajectory
 from msa_eval.backends.base import BackendError, ToolCall
 
@@ -34,6 +34,7 @@ class AgentLoop:
         self.lim = config.limits
         self.policy = ContextPolicy(config.context_policy)
         self._count_text, self.counting = counter_for(backend)
+        self._count = MessageCounter(self._count_text)
         self.specs = env.tool_specs()
 
     # -- public ---------------------------------------------------------------
@@ -220,9 +221,6 @@ class AgentLoop:
         if self.cfg.tool_mode == "text":
             system += "\n\n" + textproto.protocol_prompt(self.specs)
         return [{"role": "system", "content": system}, {"role": "user", "content": self.task.instruction}]
-
-    def _count(self, messages: list[dict[str, Any]]) -> int:
-        return self._count_text(messages_text(messages))
 
     def _summarize(self, view: list[dict[str, Any]]) -> str:
         resp = self.backend.chat(summary_request(view), tools=None, max_tokens=self.lim.max_output_tokens,

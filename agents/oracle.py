@@ -12,7 +12,7 @@ from typing import Any
 
 from agents.context import SUMMARY_REQUEST
 from agents.textproto import render_call
-from agents.tokens import TokenFn, approx_tokens, messages_text
+from agents.tokens import MessageCounter, TokenFn, approx_tokens
 from msa_eval.backends.base import BackendError, ChatResponse, ToolCall
 
 
@@ -23,6 +23,7 @@ class OraclePolicy:
         self.gold = gold
         self.i = 0
         self._count = count_tokens
+        self._messages_tokens = MessageCounter(count_tokens or approx_tokens)
         self.task_id = task_id
 
     def describe(self) -> dict[str, Any]:
@@ -41,7 +42,7 @@ class OraclePolicy:
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
              max_tokens: int = 512, temperature: float = 0.0, seed: int | None = None) -> ChatResponse:
-        prompt = (self._count or approx_tokens)(messages_text(messages))
+        prompt = self._messages_tokens(messages)
         last = str(messages[-1].get("content") or "") if messages else ""
         if last.startswith(SUMMARY_REQUEST):
             text = f"(oracle summary) {self.i} of {len(self.gold)} gold actions done; continue with the plan."
@@ -51,9 +52,12 @@ class OraclePolicy:
             return ChatResponse(text, [], "stop", prompt, approx_tokens(text), 0.0, 0.0)
         act = self.gold[self.i]
         self.i += 1
-        args = json.dumps(act["arguments"])
+        # arguments may be raw JSON text, replayed verbatim (recorded or deliberately malformed calls)
+        raw = isinstance(act["arguments"], str)
+        args = act["arguments"] if raw else json.dumps(act["arguments"])
         if tools is None:  # text protocol
-            text = render_call(act["name"], act["arguments"])
+            text = ("<tool_call>\n" + json.dumps({"name": act["name"]})[:-1] + ', "arguments": ' + args + "}\n</tool_call>"
+                    if raw else render_call(act["name"], act["arguments"]))
             return ChatResponse(text, [], "stop", prompt, approx_tokens(text), 0.0, 0.0)
         call = ToolCall(id=f"oracle_{self.i}", name=act["name"], arguments=args)
         return ChatResponse(None, [call], "tool_calls", prompt, approx_tokens(args), 0.0, 0.0)

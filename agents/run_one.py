@@ -28,6 +28,7 @@ def run_task(task: AgentTask, backend: Any, config: AgentConfig, trajectory: Pat
     cfg = config if override_task_limits else task_config(task, config)
     if backend == "oracle":
         backend = OraclePolicy(task.gold, task_id=task.id)
+    if isinstance(backend, OraclePolicy):
         if cfg.limits.context_window == AgentLimits().context_window:
             cfg = replace(cfg, limits=replace(cfg.limits, context_window=10**9))
     env = get_family(task.family).environment(task, container=container)

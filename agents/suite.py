@@ -55,7 +55,8 @@ def cache_dir() -> Path:
 
 def suite_key(name: str, suite: dict[str, Any]) -> str:
     versions = {c: get_family(c).version for c in suite["families"]}
-    blob = json.dumps({"name": name, "suite": suite, "versions": versions, "python": sys.version,
+    code = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.rglob("*.py")))).hexdigest()
+    blob = json.dumps({"name": name, "suite": suite, "versions": versions, "code": code, "python": sys.version,
                        "prefix": sys.base_prefix}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

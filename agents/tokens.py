@@ -44,3 +44,26 @@ def counter_for(backend: Any) -> tuple[TokenFn, str]:
 
 def tools_text(tools: list[dict[str, Any]] | None) -> str:
     return json.dumps(tools or [], sort_keys=True)
+
+
+class MessageCounter:
+    """Tokens of a message list = sum of per-message counts, cached by message text, so a long
+    trajectory is tokenized once (not once per step). Differs from counting the joined text only
+    at message boundaries (a token or two per message)."""
+
+    def __init__(self, count: TokenFn):
+        self._count = count
+        self._cache: dict[bytes, int] = {}
+
+    def __call__(self, messages: list[dict[str, Any]]) -> int:
+        import hashlib
+
+        total = 0
+        for m in messages:
+            text = messages_text([m])
+            key = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
+            n = self._cache.get(key)
+            if n is None:
+                n = self._cache[key] = self._count(text)
+            total += n
+        return total

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 _CMP = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
         ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="), ast.In: ("in", "not in"), ast.NotIn: ("not in", "in"),
         ast.Is: ("is", "is not"), ast.IsNot: ("is not", "is")}
-_BIN = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Mult: ("*", "+"), ast.FloorDiv: ("//", "*"),
+_BIN = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Mult: ("*", "+"), ast.Div: ("/", "*"), ast.FloorDiv: ("//", "*"),
         ast.Mod: ("%", "//")}
 _BOOL = {ast.And: ("and", "or"), ast.Or: ("or", "and")}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 from agents.env import Grade, WorkspaceEnvironment
@@ -19,7 +20,7 @@ from agents.families.base import Family, validate
 from agents.families.common import materialize, open_workspace, parses, stable_baseline, unique_context
 from agents.families.mutate import candidates, seeded_order
 from agents.sandbox import Workspace
-from agents.sources import pin, stdlib_dir
+from agents.sources import pin, stdlib_dir, user_repo
 from agents.task import AgentTask, short_hash
 from agents.testing import TestReport, run_unittests, summarize_failures
 
@@ -43,7 +44,10 @@ class RegressionRepair(Family):
     description = "fix a seeded AST bug in a real stdlib module; graded by F2P and P2P tests"
 
     def generate(self, seed: int, n: int, modules: list[str] | None = None, hint: int = 1,
-                 max_f2p: int = 20, max_tries: int = 30) -> list[AgentTask]:
+                 max_f2p: int = 20, max_tries: int = 30, source: str | None = None) -> list[AgentTask]:
+        """`source`: a user repository path (its non-test .py files are mutated) instead of the stdlib."""
+        if source is not None:
+            return self._from_user_repo(seed, n, Path(source), hint, max_f2p, max_tries)
         mods = list(modules or DEFAULT_MODULES)
         random.Random(seed).shuffle(mods)
         tasks: list[AgentTask] = []
@@ -62,9 +66,28 @@ class RegressionRepair(Family):
                 tasks.append(task)
         return tasks
 
-    def _one(self, seed, i, module, base, used, hint, max_f2p, max_tries) -> AgentTask | None:
+    def _from_user_repo(self, seed, n, root: Path, hint, max_f2p, max_tries) -> list[AgentTask]:
+        found, tmods = user_repo(root)
+        pinned = pin(found)
+        files = materialize({"files": pinned})
+        stable, flaky = stable_baseline(files, tmods, TEST_TIMEOUT_S)
+        test_files = {r for r in files if Path(r).name.startswith("test_")}
+        paths = sorted(r for r in files if r not in test_files)
+        random.Random(seed).shuffle(paths)
+        tasks, used = [], set()
+        for i in range(n * 3):
+            if len(tasks) == n or not paths:
+                break
+            path = paths[i % len(paths)]
+            base = (pinned, {}, tmods, files, stable, flaky)
+            t = self._one(seed, i, path[:-3].replace("/", "."), base, used, hint, max_f2p, max_tries, path, "")
+            if t is not None:
+                tasks.append(t)
+        return tasks
+
+    def _one(self, seed, i, module, base, used, hint, max_f2p, max_tries, path=None, test_dir="tests/") -> AgentTask | None:
         pinned, extra, tmods, files, stable, _flaky = base
-        path = f"{module}.py"
+        path = path or f"{module}.py"
         with Workspace(files) as ws:
             for m in seeded_order(candidates(files[path]), hash_seed(seed, module, i))[:max_tries]:
                 if (module, m.line, m.after) in used:
@@ -83,6 +106,9 @@ class RegressionRepair(Family):
                     continue
                 p2p = sorted(stable - set(f2p))
                 task = self._task(seed, module, path, pinned, extra, tmods, files, mutated, m, f2p, p2p, outcomes, res, hint)
+                if task is not None and not test_dir:  # user repo: tests are the test_*.py files
+                    task.spec["test_dir"] = None
+                    task.spec["test_files"] = sorted(r for r in files if Path(r).name.startswith("test_"))
                 if task is not None and validate(self, task) == {"gold": 1.0, "empty": 0.0}:
                     used.add((module, m.line, m.after))
                     return task
@@ -119,7 +145,7 @@ class RegressionRepair(Family):
 def grade_on_fresh_copy(task: AgentTask, ws: Workspace) -> Grade:
     """Apply the agent's non-test diff to a fresh copy (tests pristine), run F2P + P2P."""
     spec = task.spec
-    patch = ws.diff(exclude=[spec["test_dir"]])
+    patch = ws.diff(exclude=[spec["test_dir"]] if spec.get("test_dir") else spec.get("test_files", []))
     touched_tests = ws.diff() != patch
     with Workspace(materialize(spec)) as fresh:
         try:

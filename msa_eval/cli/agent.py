@@ -73,6 +73,8 @@ def _backend_opts(f):
         click.option("--max-output-tokens", type=int, default=1024, show_default=True),
         click.option("--max-wall-s", type=float, default=None), click.option("--max-cost-usd", type=float, default=None),
         click.option("--max-total-tokens", type=int, default=None),
+        click.option("--tokenizer", default=None,
+                     help="oracle: count tokens with this model's tokenizer (e.g. smollm2-135m); default chars/4."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -96,7 +98,15 @@ def _make_backend(kw: dict[str, Any]):
     """(factory(task) -> backend, key, description)."""
     kind = kw["backend_kind"]
     if kind == "oracle":
-        return (lambda task: "oracle"), "oracle", {"name": "oracle"}
+        from agents.oracle import OraclePolicy
+
+        count = None
+        if kw.get("tokenizer"):
+            from msa_eval.runner.reference import load_reference_tokenizer
+
+            tok, _ = load_reference_tokenizer(kw["tokenizer"])
+            count = lambda text: len(tok.encode(text))  # noqa: E731
+        return (lambda task: OraclePolicy(task.gold, count, task.id)), "oracle", {"name": "oracle", "tokenizer": kw.get("tokenizer")}
     from msa_eval.backends.factory import make_backend
 
     model = kw["model"] or "smollm2-135m"
@@ -129,13 +139,25 @@ def list_cmd(suite, config_path, regenerate, as_json) -> None:
 @_backend_opts
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Trajectory path (default runs/agents/<task>-<backend>.jsonl).")
 @click.option("--resume", "resume", is_flag=True, help="Continue the trajectory at --out.")
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="Family A from your own repository (a directory with test_*.py files) instead of the suite.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Generator seed with --source.")
 @click.option("--json", "as_json", is_flag=True)
-def run_cmd(task_ref, out, resume, as_json, **kw) -> None:
+def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
     """Run one agent task through the loop and grade it."""
     from agents.run_one import run_task
     from agents.suite import find_task, load_suite
 
-    task = find_task(load_suite(kw["suite"], kw["config_path"]), task_ref)
+    if source is not None:
+        from agents.errors import AgentHarnessError
+        from agents.families import get_family
+
+        tasks = get_family("A").generate(seed, 1, source=str(source))
+        if not tasks:
+            raise AgentHarnessError(f"no single-site mutation of {source} breaks its tests; try another --seed or repository")
+        task = tasks[0]
+    else:
+        task = find_task(load_suite(kw["suite"], kw["config_path"]), task_ref)
     factory, key, _ = _make_backend(kw)
     out = out or Path("runs") / "agents" / f"{task.id}-{key.replace(':', '-')}.jsonl"
     res = run_task(task, factory(task), _config(kw), out, resume=resume, override_task_limits=False)
