@@ -33,7 +33,7 @@ DEV = "cpu" if DRY else "cuda"
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.indexer.op import _launch_indexer, indexer_block_scores_triton  # noqa: E402
 from kernels.sparse_prefill import msa_prefill_attention  # noqa: E402
-from kernels.sparse_prefill.op import tile_unions  # noqa: E402
+from kernels.sparse_prefill.op import _launch_tile, default_tile_q, tile_unions  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 
 SHAPES = {  # Hq, Hkv, d, B, topk, d_idx
@@ -120,7 +120,8 @@ def useful_attention_flops(ids: torch.Tensor, t: int, shape: dict) -> float:
     return 4.0 * shape["d"] * (shape["hq"] // shape["hkv"]) * keys.sum().item()
 
 
-def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float, dense_max: int) -> list[dict]:
+def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float, dense_max: int,
+              dense_single_max: int) -> list[dict]:
     shape = SHAPES[name]
     x = make_inputs(t, shape, structured)
     idx_args = (x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
@@ -145,8 +146,10 @@ def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float,
     row("indexer score+max only (no top-k)", t_score, idx_flops)
     row("top-k stage inside fused kernel", max(t_idx - t_score, 1e-3), None, "fused minus score-only")
     if t == 65536 and structured or DRY:
-        t_nb = timed(lambda: _launch_indexer(*idx_args, shape["topk"], mode=0, skip_unchanged=False), r)
-        row("indexer fused, no tile-wide skip", t_nb, idx_flops, "ablation")
+        t_nb = timed(lambda: _launch_indexer(*idx_args, shape["topk"], mode=0, skip_unchanged=True), r)
+        row("indexer fused, with tile-wide skip branch", t_nb, idx_flops, "ablation")
+        t_nb = timed(lambda: _launch_indexer(*idx_args, shape["topk"], mode=0, num_stages=2), r)
+        row("indexer fused, num_stages=2", t_nb, idx_flops, "ablation")
     if t * shape["hkv"] * (t // shape["block"]) * 4 <= 16e9:
         scores = indexer_block_scores_triton(*idx_args)
         t_topk = timed(lambda: torch.topk(scores, min(shape["topk"] - 1, scores.shape[-1]), dim=-1), reps_for(10))
@@ -156,7 +159,17 @@ def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float,
         del scores
     att_flops = useful_attention_flops(ids, t, shape)
     group = shape["hq"] // shape["hkv"]
-    for tq in ([8, 4] if group >= 8 else [16, 8]):
+    if (t == 65536 and structured) or DRY:
+        tq = default_tile_q(group)
+        out_b = torch.empty_like(x["q"])
+        lse_b = torch.empty(t, shape["hq"], device=DEV)
+        for warps, stages in [(4, 2), (8, 3), (4, 3)]:
+            t_cfg = timed(lambda: _launch_tile(*att_args, ids, out_b, lse_b, 1 / math.sqrt(shape["d"]), tq,
+                                               num_warps=warps, num_stages=stages), reps_for(est / 2))
+            row(f"attention tile TQ={tq} warps={warps} stages={stages}", t_cfg, att_flops,
+                "config sweep (no union build inside)")
+        del out_b, lse_b
+    for tq in ([8, 4] if group >= 8 else [16, 8, 32]):
         tr, ts = tile_table(x["cu_seqlens_q"], t, tq, longest_first=False)
         union, count = tile_unions(ids, tr, ts, x["cu_seqlens_q"], tq)
         mean_u = count[tr >= 0].float().mean().item()
@@ -181,18 +194,31 @@ def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float,
     total = t_idx + t_tile_main
     row("MSA total = indexer + tile attention", total, None)
     dense_flops = 4 * shape["d"] * shape["hq"] * causal
-    if t <= dense_max and time.time() < deadline:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        q = x["q"].transpose(0, 1)[None].contiguous()
-        k = x["k_cache"][x["page_table"][0].long()].permute(1, 0, 2, 3).reshape(shape["hkv"], -1, shape["d"])[:, :t]
-        v = x["v_cache"][x["page_table"][0].long()].permute(1, 0, 2, 3).reshape(shape["hkv"], -1, shape["d"])[:, :t]
-        k = k.repeat_interleave(group, 0)[None]
-        v = v.repeat_interleave(group, 0)[None]
-        del x
-        with sdpa_kernel([SDPBackend.MATH if DRY else SDPBackend.CUDNN_ATTENTION]):
-            fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-            t_dense = timed(fn, reps_for(dense_flops / 550e12 * 1e3))
-        row("dense causal SDPA (cuDNN)", t_dense, dense_flops, f"MSA speed-up {t_dense / total:.1f}x")
+    single = t > dense_max
+    if (not single or t <= dense_single_max) and time.time() < deadline:
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            q = x["q"].transpose(0, 1)[None].contiguous()
+            k = x["k_cache"][x["page_table"][0].long()].permute(1, 0, 2, 3).reshape(shape["hkv"], -1, shape["d"])[:, :t]
+            v = x["v_cache"][x["page_table"][0].long()].permute(1, 0, 2, 3).reshape(shape["hkv"], -1, shape["d"])[:, :t]
+            k = k.repeat_interleave(group, 0)[None]
+            v = v.repeat_interleave(group, 0)[None]
+            del x
+            with sdpa_kernel([SDPBackend.MATH if DRY else SDPBackend.CUDNN_ATTENTION]):
+                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+                if single:  # one cold run, no warm-up: a 1M dense prefill takes ~35 s
+                    sync = (lambda: None) if DRY else torch.cuda.synchronize
+                    sync()
+                    start = time.perf_counter()
+                    fn()
+                    sync()
+                    t_dense = (time.perf_counter() - start) * 1e3
+                else:
+                    t_dense = timed(fn, reps_for(dense_flops / 550e12 * 1e3))
+            row("dense causal SDPA (cuDNN)", t_dense, dense_flops,
+                f"MSA speed-up {t_dense / total:.1f}x" + ("; single cold run" if single else ""))
+        except Exception:  # keep the sparse rows of this case
+            traceback.print_exc()
     return rows
 
 
@@ -201,7 +227,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--dry-cpu", action="store_true", help="tiny CPU run through the interpreter")
-    ap.add_argument("--dense-max", type=int, default=262144)
+    ap.add_argument("--dense-max", type=int, default=262144, help="largest T timed with warm-up and repeats")
+    ap.add_argument("--dense-single-max", type=int, default=0, help="larger T up to this get one cold dense run")
     ap.add_argument("--plan", default="m3:65536:s,m3:131072:s,m3:32768:s,smollm2:131072:s,m3:262144:s,"
                                       "m3:65536:r,m3:1048576:s,smollm2:32768:s")
     args = ap.parse_args()
@@ -218,7 +245,7 @@ def main() -> None:
             print(f"skipped {item}: budget spent", flush=True)
             continue
         try:
-            rows += bench_one(name, int(t), kind == "s", peak, deadline, args.dense_max)
+            rows += bench_one(name, int(t), kind == "s", peak, deadline, args.dense_max, args.dense_single_max)
         except Exception:  # one failing case must not lose the others
             traceback.print_exc()
         if not DRY:

@@ -74,7 +74,7 @@ def indexer_scores_only_triton(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq
 
 
 def _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, mode,
-                    skip_unchanged=True, num_warps=8, num_stages=3):
+                    skip_unchanged=False, num_warps=8, num_stages=3):
     from kernels.indexer.triton_indexer import _indexer_fwd_kernel
 
     t, h, d = q_idx.shape

@@ -132,7 +132,8 @@ def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torc
     return torch.where(ids == _INT_MAX, -1, ids).contiguous(), count.contiguous()
 
 
-def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q):
+def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
+                 num_warps=None, num_stages=2):
     from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
 
     t, hq, d = q.shape
@@ -146,7 +147,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         union, count, out, lse, *_strides(q, k_cache, v_cache, page_table, topk_ids, out),
         union.stride(0), union.stride(1), scale * 1.4426950408889634,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block, TOPK=topk_ids.shape[2],
-        UPCAST=interpreting(), num_warps=8 if block_m >= 128 else 4, num_stages=2)
+        UPCAST=interpreting(), num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=num_stages)
 
 
 def triton_next_pow2(n: int) -> int:
