@@ -156,6 +156,9 @@ def bench_paged(cell: Cell, q_len: int, with_fp8: bool) -> dict:
     res["sparse_s"] = graph_time([lambda m=m: m.run_attention(q, cell.k_cache, cell.v_cache) for m in msa])
     res["msa_step_s"] = graph_time(
         [lambda m=m: m.run(q, q_idx, cell.k_cache, cell.v_cache, cell.k_idx) for m in msa])
+    if with_fp8:
+        res["msa_step_fp8_s"] = graph_time(
+            [lambda m=m: m.run(q, q_idx, cell.k_cache, cell.v_cache, cell.k8, cell.k8_scale) for m in msa])
     res["dense_s"] = graph_time([lambda d=d: d.run(q, cell.k_cache, cell.v_cache) for d in dense])
     hist_pages = cell.batch * ((cell.ctx - 1) // PAGE)
     res["indexer_bytes"] = hist_pages * PAGE * D_IDX * 2
@@ -227,6 +230,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--fp8-focus", action="store_true", help="q_len 1, ctx >= 32K, no SDPA: fp8 index keys")
     ap.add_argument("--smoke-cpu", action="store_true", help="tiny sizes on the CPU interpreter (script check)")
     args = ap.parse_args()
     global DEVICE
@@ -256,7 +260,10 @@ def main():
     if args.smoke_cpu:
         batches, ctxs, agree_ctx = [2], [300, 2200], 2200
     grid = [(b, c) for b in batches for c in ctxs]
-    if not (args.quick or args.smoke_cpu):
+    if args.fp8_focus:
+        ctxs = [32768, 131072, 204800]
+        grid = [(b, c) for b in batches for c in ctxs]
+    if not (args.quick or args.smoke_cpu or args.fp8_focus):
         grid += [(b, c) for b in (8, 64) for c in (1024, 2048, 3072, 6144, 8192, 16384)]
     for batch, ctx in grid:
         n_rot = n_rotations(batch, ctx)
@@ -267,7 +274,7 @@ def main():
         main_grid = ctx in ctxs
         try:
             cell = Cell(batch, ctx, n_rot, fp8=main_grid)
-            for q_len in ((1, 8) if main_grid else (1,)):
+            for q_len in ((1, 8) if main_grid and not args.fp8_focus else (1,)):
                 rec = bench_paged(cell, q_len, with_fp8=main_grid)
                 emit({"kind": "paged", **rec})
             del cell
@@ -276,7 +283,7 @@ def main():
             traceback.print_exc()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-        if main_grid and DEVICE == "cuda":
+        if main_grid and DEVICE == "cuda" and not args.fp8_focus:
             for q_len in (1, 8):
                 try:
                     emit({"kind": "sdpa", "batch": batch, "ctx": ctx, "q_len": q_len,

@@ -55,6 +55,8 @@ def _indexer_split_kernel(
     )
     if DOT_FP32:
         q = q.to(tl.float32)
+    elif HAS_SCALE:
+        q = q.to(tl.float16)  # e4m3 -> fp16 is one native conversion on sm89+; -> bf16 is not
     slot = tl.arange(0, KP)
     # padding slots (>= KEEP) hold +inf so they are never the worst slot
     vals = tl.full([ROWS, KP], float("-inf"), tl.float32)
