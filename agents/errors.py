@@ -12,6 +12,10 @@ class ToolError(Exception):
     """A tool call the model got wrong; the message is returned to the model."""
 
 
+class ToolFormatError(ToolError):
+    """A malformed call (unknown tool, missing or mistyped argument): counts as a format error."""
+
+
 class AgentHarnessError(MsaEvalError):
     """The harness failed (bad config, unknown task, unreadable trajectory)."""
 

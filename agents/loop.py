@@ -17,7 +17,7 @@ from agents import textproto
 from agents.config import AgentConfig, AgentResult
 from agents.context import ContextPolicy, summary_request
 from agents.env import Environment, Grade
-from agents.errors import AgentHarnessError, ToolError
+from agents.errors import AgentHarnessError, ToolError, ToolFormatError
 from agents.task import AgentTask
 from agents.tokens import MessageCounter, counter_for
 from agents.trajectory import SCHEMA, TrajectoryWriter, read_trajectory
@@ -163,9 +163,10 @@ class AgentLoop:
             return "submitted", True, None
         try:
             return self.env.call(c.name, args), True, None
+        except ToolFormatError as e:
+            return f"error: {e}", False, "format"
         except ToolError as e:
-            unknown = str(e).startswith("unknown tool")
-            return f"error: {e}", False, "format" if unknown else "tool"
+            return f"error: {e}", False, "tool"
 
     # -- limits, exit, resume -------------------------------------------------
     def _limit_status(self, st, elapsed: float) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from agents.errors import ToolError
+from agents.errors import ToolError, ToolFormatError
 from agents.sandbox import Workspace
 
 MAX_READ_CHARS = 60_000
@@ -49,12 +49,12 @@ WORKSPACE_SPECS = {
 
 def require(args: dict[str, Any], key: str, kind: type = str) -> Any:
     if key not in args:
-        raise ToolError(f"missing required argument {key!r}")
+        raise ToolFormatError(f"missing required argument {key!r}")
     v = args[key]
     if kind is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
         v = int(v)
     if not isinstance(v, kind) or isinstance(v, bool):
-        raise ToolError(f"argument {key!r} must be a {kind.__name__}")
+        raise ToolFormatError(f"argument {key!r} must be a {kind.__name__}")
     return v
 
 
@@ -76,7 +76,7 @@ class WorkspaceTools:
 
     def call(self, name: str, args: dict[str, Any]) -> str:
         if name not in self.names:
-            raise ToolError(f"unknown tool {name!r}; available: {', '.join(self.names + ['submit'])}")
+            raise ToolFormatError(f"unknown tool {name!r}; available: {', '.join(self.names + ['submit'])}")
         return getattr(self, f"_{name}")(args)
 
     def _bash(self, a: dict[str, Any]) -> str:

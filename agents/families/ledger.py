@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from agents.env import Environment, Grade
-from agents.errors import ToolError
+from agents.errors import ToolError, ToolFormatError
 from agents.families.base import Family, validate
 from agents.families.ledger_db import LedgerFacts, build_facts
 from agents.sources import package_files, pin, stdlib_dir
@@ -70,7 +70,7 @@ class LedgerEnvironment(Environment):
     def call(self, name: str, args: dict[str, Any]) -> str:
         fn = getattr(self, f"_t_{name}", None)
         if fn is None:
-            raise ToolError(f"unknown tool {name!r}; available: {', '.join(s['function']['name'] for s in self.tool_specs())}")
+            raise ToolFormatError(f"unknown tool {name!r}; available: {', '.join(s['function']['name'] for s in self.tool_specs())}")
         return fn(args)
 
     def _fn(self, qualname: str):
