@@ -62,7 +62,9 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     dtype and ``lse [T, Hq]`` fp32 (natural log; -inf and zero output for an empty selection).
 
     ``design`` picks the Triton kernel: ``tile`` shares K/V pages among ``tile_q`` neighbouring
-    tokens, ``token`` runs one program per token (the simple fallback); ``auto`` = tile.
+    tokens, ``token`` runs one program per token (the simple fallback); ``auto`` builds the tile
+    unions and picks ``tile`` unless the mean union is past the measured break-even
+    (``prefer_tile``; one host sync).
     ``check_ids`` validates the ids on the device (one host sync; timing runs turn it off).
     """
     impl = _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids)
@@ -77,12 +79,36 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     lse = torch.full((t, hq), float("nan"), dtype=torch.float32, device=q.device)
     if t == 0:
         return out, lse
+    group = hq // k_cache.shape[1]
+    tile_q = tile_q or default_tile_q(group)
+    tiles = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
+    union = tile_unions(topk_ids, *tiles, cu_seqlens_q, tile_q) if design != "token" else None
+    if design == "auto":  # one host sync: the mean union decides which kernel is faster
+        mean_union = union[1][tiles[0] >= 0].float().mean().item()
+        design = "tile" if prefer_tile(mean_union, topk_ids.shape[2], tile_q, group) else "token"
     if design == "token":
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
     else:
         _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
-                     tile_q or default_tile_q(hq // k_cache.shape[1]))
+                     tile_q, tiles=tiles, union=union)
     return out, lse
+
+
+# Break-even measured on an H200 (M3 shape, G = 16, TQ = 8, bf16): the tile kernel costs about
+# 0.8 ms per union block per 64K tokens, the per-token kernel 31.6 ms, so it wins below a union
+# of ~2.4 k; per row of MMA work the 128-row tile is ~2.4x as efficient as the 16-row per-token tile.
+_TILE_EFFICIENCY = 2.4
+
+
+def prefer_tile(mean_union: float, topk: int, tile_q: int, group: int) -> bool:
+    """Tile sharing wins when its MMA rows x union beat the per-token kernel's padded rows x k.
+
+    Tile work ~ ``union * BLOCK_M``; per-token work ~ ``tile_q * k * GP`` (GP = G padded to >= 16),
+    scaled by the measured efficiency ratio of the two kernels.
+    """
+    block_m = max(16, triton_next_pow2(tile_q * group))
+    rows_per_token = max(16, triton_next_pow2(group))
+    return mean_union * block_m <= _TILE_EFFICIENCY * tile_q * topk * rows_per_token
 
 
 def default_tile_q(group: int) -> int:
@@ -133,14 +159,14 @@ def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torc
 
 
 def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
-                 num_warps=None, num_stages=2):
+                 num_warps=None, num_stages=2, tiles=None, union=None):
     from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
 
     t, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
-    tile_req, tile_start = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    union, count = tile_unions(topk_ids, tile_req, tile_start, cu_seqlens_q, tile_q)
+    tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
+    union, count = union or tile_unions(topk_ids, tile_req, tile_start, cu_seqlens_q, tile_q)
     block_m = max(16, triton_next_pow2(tile_q * group))
     _tile_kernel[(tile_req.shape[0] * hkv,)](
         q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, topk_ids,

@@ -5,6 +5,7 @@ import torch
 from kernels.indexer import naive as indexer_naive
 from kernels.sparse_prefill import msa_prefill_attention
 from kernels.sparse_prefill.naive import dense_causal_reference, sparse_attention_reference
+from kernels.sparse_prefill.op import prefer_tile
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -64,7 +65,7 @@ def test_kernel_matches_reference(paged_case, design, q_lens, kv_lens, hkv, grou
     assert_attention_close(out, lse, *_reference(case, ids))
 
 
-@pytest.mark.parametrize("design", ["tile", "token"])
+@pytest.mark.parametrize("design", ["tile", "token", "auto"])
 def test_kernel_equals_sdpa_when_every_block_is_selected(paged_case, design):
     case = paged_case([21, 5], [300, 64], hkv=2, group=2, d=64, block=64, dtype=torch.float16, device=DEV)
     out, lse = _run(case, _ids(case, 8), impl="triton", design=design)
@@ -83,6 +84,15 @@ def test_empty_selection_gives_zero_and_minus_inf(paged_case, design):
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
     assert (out[4, 3:] == 0).all() and torch.isneginf(lse[4, 3:]).all()
     assert_attention_close(out, lse, *_reference(case, ids))
+
+
+def test_auto_design_follows_the_measured_break_even():
+    # H200 measurements (benchmarks/prefill/RESULTS.md): M3 shape, structured selections (union 25
+    # blocks per tile of 8 tokens) ran faster tiled, random ones (union 88) faster per token;
+    # SmolLM2 (G = 3, union 41 per 16 tokens) ran 2.6x faster tiled.
+    assert prefer_tile(25.0, 16, 8, 16)
+    assert not prefer_tile(88.4, 16, 8, 16)
+    assert prefer_tile(41.2, 16, 16, 3)
 
 
 def _case_for_errors(paged_case):
