@@ -1,6 +1,7 @@
 """What every route needs: the model, the engine bridge, metrics, limits and the prompt helpers."""
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +30,10 @@ class ServingState:
     def max_model_len(self) -> int:
         return int(self.llm.max_model_len)
 
-    @property
+    @functools.cached_property
     def native_tools(self) -> bool:
-        tok = self.llm.tokenizer
-        return template_supports_tools(getattr(tok, "chat_template", None))
+        """Whether the chat template renders `tools` itself (else the Hermes prompt convention is used)."""
+        return template_supports_tools(getattr(self.llm.tokenizer, "chat_template", None))
 
     def check_model(self, name: str) -> None:
         if name not in self.model_names:
