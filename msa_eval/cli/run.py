@@ -34,15 +34,17 @@ def register(group: click.Group) -> None:
 @click.option("--concurrency", type=int, default=None, help="Requests per batch (local default 1, openai 8).")
 @click.option("--limit", type=int, default=None, help="Run at most N samples per task and length (same run directory).")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/<suite>-<backend>-<config hash>).")
+@click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
+              help="Backend option, repeatable (openai: max_retries=0, chat_only=true, ...; local: max_num_seqs=4, ...).")
 @click.option("--dry-run", is_flag=True, help="Build prompts and show token counts; load no model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
-        mode, seed, concurrency, limit, out, dry_run, as_json) -> None:
+        mode, seed, concurrency, limit, out, backend_opts, dry_run, as_json) -> None:
     """Run SUITE (a name under configs/ or a YAML path) and print the side-by-side report."""
     from msa_eval.cli.run_setup import RunArgs, prepare
 
     args = RunArgs(suite, backend_kind, model, attention, base_url, reference, lengths, samples,
-                   task_names, mode, seed, concurrency, limit, out)
+                   task_names, mode, seed, concurrency, limit, out, backend_opts)
     prep = prepare(args)
     if dry_run:
         display.dry_run_table(prep.dry_run_rows())
@@ -54,9 +56,15 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
     from msa_eval.report.writers import write_report
     from msa_eval.runner import run_suite
 
+    from msa_eval.backends.base import BackendError
+    from msa_eval.errors import MsaEvalError
+
     display.info(f"run directory: {prep.run_dir}")
-    with display.RunProgress() as progress:
-        result = run_suite(prep.cfg, prep.run_dir, prep.plan, prep.reference_info, progress=progress)
+    try:
+        with display.RunProgress() as progress:
+            result = run_suite(prep.cfg, prep.run_dir, prep.plan, prep.reference_info, progress=progress)
+    except BackendError as e:  # harness failure: one line; the records written so far are kept
+        raise MsaEvalError(str(e)) from None
     records = load_runs([prep.run_dir])
     wanted = {s.id for p in prep.plan for s in p.samples}
     records = [r for r in records if r.sample_id in wanted]

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from msa_eval.runner.config import (
-    BackendSpec, ConfigError, RunConfig, SuiteConfig, TaskEntry, load_suite, parse_lengths,
+    BackendSpec, ConfigError, RunConfig, SuiteConfig, TaskEntry, load_suite, parse_backend_opts,
+    parse_lengths,
 )
 from msa_eval.runner.plan import PlannedTask, build_plan, validate_tasks
 from msa_eval.runner.reference import check_lengths, default_lengths, load_reference_tokenizer
@@ -30,6 +31,7 @@ class RunArgs:
     concurrency: int | None
     limit: int | None
     out: Path | None
+    backend_opts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -56,13 +58,14 @@ class Prepared:
 
 
 def _backends(a: RunArgs) -> tuple[BackendSpec, ...]:
+    opts = parse_backend_opts(tuple(a.backend_opts))
     if a.backend == "local":
         model = a.model or DEFAULT_MODEL
         kinds = ("msa", "dense") if a.attention == "both" else (a.attention,)
-        return tuple(BackendSpec("local", model, attention=k) for k in kinds)
+        return tuple(BackendSpec("local", model, attention=k, options=opts) for k in kinds)
     if not a.base_url or not a.model:
         raise ConfigError("--backend openai needs --base-url URL and --model ID")
-    return (BackendSpec("openai", a.model, base_url=a.base_url),)
+    return (BackendSpec("openai", a.model, base_url=a.base_url, options=opts),)
 
 
 def _suite(a: RunArgs) -> SuiteConfig:

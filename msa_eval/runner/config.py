@@ -21,6 +21,11 @@ class ConfigError(MsaEvalError):
     """A bad suite file, flag value or run directory."""
 
 
+# backend options that change how, not what, is computed: not part of the config hash
+_NOT_IDENTITY = ("api_key", "api_key_env", "timeout", "timeout_s", "max_retries", "max_concurrency",
+                 "backoff_initial_s", "backoff_max_s", "cache_dir", "stream")
+
+
 @dataclass(frozen=True)
 class TaskEntry:
     name: str
@@ -65,7 +70,7 @@ class RunConfig:
         d = asdict(self)
         d.pop("concurrency")
         for b in d["backends"]:
-            b["options"] = {k: v for k, v in b["options"].items() if k not in ("api_key", "timeout")}
+            b["options"] = {k: v for k, v in b["options"].items() if k not in _NOT_IDENTITY}
         return d
 
     def config_hash(self) -> str:
@@ -103,6 +108,17 @@ def parse_length(text: str | int) -> int:
     if v < 256 or v != int(v):
         raise ConfigError(f"bad length {text!r}: lengths are whole token counts >= 256")
     return int(v)
+
+
+def parse_backend_opts(items: tuple[str, ...]) -> dict[str, Any]:
+    """`key=value` pairs; values parsed as YAML scalars (ints, floats, bools, strings)."""
+    out: dict[str, Any] = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or not k.strip():
+            raise ConfigError(f"bad --backend-opt {it!r}: use key=value, e.g. max_retries=0")
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
 
 
 def parse_lengths(text: str) -> tuple[int, ...]:

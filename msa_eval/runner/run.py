@@ -19,6 +19,7 @@ from msa_eval.runner.records import SampleRecord, append_records, read_records
 from tasks.base import Sample
 
 BackendFactory = Callable[[BackendSpec], Backend]
+MAX_ERROR_STREAK = 3  # consecutive failed requests that stop a run (harness error, not data)
 # progress(event, **info): event in {"backend", "advance", "done"}
 Progress = Callable[..., None]
 
@@ -94,6 +95,7 @@ def run_suite(
             backend = factory(spec)
             manifest["backends"][key] = {**backend.describe(), "load_s": time.perf_counter() - t0}
             save_manifest(run_dir, manifest)
+            streak = 0
             for i in range(0, len(pending), max(1, cfg.concurrency)):
                 batch = pending[i:i + max(1, cfg.concurrency)]
                 results = backend.generate([to_request(s) for s in batch])
@@ -103,6 +105,11 @@ def run_suite(
                 result.generated += len(new)
                 result.errors += sum(r.status == "error" for r in new)
                 emit("advance", key=key, n=len(new))
+                streak = 0 if any(r.status == "ok" for r in new) else streak + len(new)
+                if streak >= min(MAX_ERROR_STREAK, len(pending)):
+                    raise BackendError(
+                        f"{key}: {streak} requests in a row failed ({new[-1].error}); fix the backend "
+                        "and rerun the same command: finished samples are kept")
             manifest["backends"][key]["peak_rss_bytes"] = \
                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             close = getattr(backend, "close", None)

@@ -1,0 +1,108 @@
+"""Runner config, run directories and bad input: no model is loaded here (tokenizer only)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from msa_eval.cli.run_setup import RunArgs, prepare
+from msa_eval.runner.config import ConfigError, load_suite, parse_length, suite_from_dict
+from msa_eval.runner.manifest import open_run_dir
+from msa_eval.runner.records import SampleRecord, append_records, read_records
+
+
+def args(tmp_path, **kw):
+    base = dict(suite="helmet", backend="local", model=None, attention="dense", base_url=None,
+                reference=None, lengths="2k", samples=1, tasks="niah_single", mode=None, seed=None,
+                concurrency=None, limit=None, out=tmp_path / "run")
+    base.update(kw)
+    return RunArgs(**base)
+
+
+def test_parse_length_and_suite_validation():
+    assert parse_length("2k") == 2048 and parse_length("7.5k") == 7680 and parse_length(4096) == 4096
+    with pytest.raises(ConfigError, match="bad length"):
+        parse_length("two")
+    with pytest.raises(ConfigError, match="Extra inputs"):
+        suite_from_dict({"name": "x", "tasks": ["json_kv"], "stop_new_line": True}, "x.yaml")
+    s = load_suite("helmet")
+    assert s.name == "helmet" and s.lengths and len(s.tasks) >= 7
+    full = load_suite("helmet_full")
+    assert full.lengths == () and len(full.tasks) >= 16
+
+
+def test_default_suite_covers_every_category():
+    from tasks.helmet import CATEGORIES
+    from tasks.registry import all_tasks
+
+    cats = {all_tasks()[t.name].category for t in load_suite("helmet").tasks}
+    assert cats == set(CATEGORIES)
+
+
+def test_changed_config_is_refused_and_gets_a_new_default_dir(tmp_path):
+    a = prepare(args(tmp_path))
+    open_run_dir(a.run_dir, a.cfg, a.reference_info)
+    same = prepare(args(tmp_path, limit=1))  # --limit does not change the config
+    assert same.cfg.config_hash() == a.cfg.config_hash()
+    open_run_dir(same.run_dir, same.cfg, same.reference_info)
+    b = prepare(args(tmp_path, samples=2))
+    assert b.cfg.config_hash() != a.cfg.config_hash()
+    with pytest.raises(ConfigError, match="another config"):
+        open_run_dir(b.run_dir, b.cfg, b.reference_info)
+    default_a = prepare(args(tmp_path, out=None)).run_dir
+    default_b = prepare(args(tmp_path, out=None, samples=2)).run_dir
+    assert default_a != default_b and a.cfg.config_hash() in str(default_a)
+
+
+def test_identical_prompts_for_local_and_openai_plans(tmp_path):
+    local = prepare(args(tmp_path, tasks="json_kv,rag"))
+    remote = prepare(args(tmp_path, backend="openai", model="some-model", base_url="http://127.0.0.1:9/v1",
+                          tasks="json_kv,rag", out=tmp_path / "r2"))
+    h = lambda p: [s.prompt_hash() for t in p.plan for s in t.samples]  # noqa: E731
+    assert h(local) == h(remote)
+
+
+def test_partial_trailing_line_is_dropped(tmp_path):
+    rec = SampleRecord(backend="local:dense", sample_id="a/1/0", task="a", category="recall", length=2048,
+                       mode="chat", status="ok", prompt_hash="x", prompt_tokens_ref=10, answers=["1"],
+                       output="1", parsed="1", score=1.0, metric="subem", extraction_failed=False)
+    p = tmp_path / "records.jsonl"
+    append_records(p, [rec, rec.model_copy(update={"sample_id": "a/1/1"})])
+    with open(p, "a") as f:
+        f.write('{"backend": "local:dense", "sample_id": "a/1/2", "ta')  # kill -9 mid-write
+    got = read_records(p)
+    assert [r.sample_id for r in got] == ["a/1/0", "a/1/1"]
+    assert p.read_text().endswith("\n") and len(p.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "helmet", "--tasks", "nope", "--dry-run"], "unknown task 'nope'"),
+    (["run", "helmet", "--lengths", "16k", "--dry-run"], "beyond the model's context of 8192"),
+    (["run", "helmet", "--lengths", "abc", "--dry-run"], "bad length"),
+    (["run", "nosuite", "--dry-run"], "no suite 'nosuite'"),
+    (["run", "helmet", "--backend", "openai", "--dry-run"], "needs --base-url"),
+    (["report", "does-not-exist"], "not an msa-eval run directory"),
+    (["tasks", "show", "nope"], "unknown task"),
+])
+def test_bad_input_is_one_clear_line(run_cli, argv, needle):
+    p = run_cli(*argv)
+    assert p.returncode == 2, p.stderr
+    lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+def test_unreachable_endpoint_is_one_line(run_cli, tmp_path):
+    p = run_cli("run", "helmet", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1",
+                "--model", "m", "--tasks", "icl", "--lengths", "2k", "--samples", "2", "--out", "r",
+                "--backend-opt", "max_retries=0")
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [x for x in p.stderr.strip().splitlines() if x.strip() and "error" in x.lower()]
+    assert len(lines) == 1 and "in a row failed" in lines[0], p.stderr
+    assert "error" in p.stderr.lower() and "Traceback" not in p.stderr, p.stderr[-2000:]
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert manifest["status"] == "error" and manifest["error"]
+
+
+def test_dry_run_prints_token_counts(run_cli):
+    p = run_cli("run", "helmet", "--dry-run", "--tasks", "json_kv,icl", "--lengths", "2k,4k")
+    assert p.returncode == 0, p.stderr
+    assert "json_kv" in p.stdout and "4096" in p.stdout and "icl" in p.stdout
