@@ -25,8 +25,10 @@ def running_server(*args: str, startup_s: float = 180.0) -> Iterator[str]:
     """Yield the base URL (`http://127.0.0.1:PORT/v1`) of a live server; stop it afterwards."""
     port = free_port()
     exe = Path(sys.executable).with_name("msa-eval")
+    # the real CLI; `python -m engine.server` (same options) where msa-eval is not installed
+    launcher = [str(exe), "serve"] if exe.exists() else [sys.executable, "-m", "engine.server"]
     log = tempfile.NamedTemporaryFile("w+", prefix="msa-serve-", suffix=".log", delete=False)
-    cmd = [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *args]
+    cmd = [*launcher, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", *args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + startup_s
