@@ -23,6 +23,7 @@ from engine.server.generation import ClientDisconnected
 from engine.server.metrics import ServerMetrics, kv_cache_usage
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from engine.server.state import ServingState
+from engine.server.tokenize import tokenizer_router
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -112,6 +113,8 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
         return await chat_completions(req, request, state)
+
+    app.include_router(tokenizer_router(state))
 
     @app.post("/v1/completions")
     async def complete(req: CompletionRequest, request: Request):

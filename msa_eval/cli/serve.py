@@ -39,6 +39,11 @@ def serve(model: str, attention: str, host: str, port: int, max_batch: int, max_
         raise MsaEvalError(f"bad serve option: {e}") from e
     except EngineError as e:
         raise MsaEvalError(str(e)) from e
+    except ModuleNotFoundError as e:
+        if attention.startswith("msa") and (e.name or "").startswith("engine"):
+            raise MsaEvalError(f"attention '{attention}' is not available in this engine yet ({e.name} is missing): "
+                               "serve with --attention dense") from e
+        raise
     state = app.state.serving
     info(f"serving {state.model_names[0]} ({attention}) on http://{host}:{port}/v1 "
          f"(max context {state.max_model_len}, batch {max_batch}, queue {max_queue})")

@@ -193,3 +193,24 @@ def test_client_disconnect_aborts_request_and_metrics(base_url):
     for name in ("msa_requests_total", "msa_request_latency_seconds_bucket", "msa_time_to_first_token_seconds_bucket",
                  "msa_kv_cache_usage_ratio", "msa_queue_depth"):
         assert name in text
+
+
+def test_lm_eval_local_completions_loglikelihood(base_url, default_llm):
+    """lm-eval's own `local-completions` client (remote tokenizer endpoints, echo + logprobs)."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("aiohttp")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    lm = LocalCompletionsAPI(model=MODEL, base_url=base_url + "/completions", tokenizer_backend="remote",
+                             max_length=2048, max_retries=1)
+    pairs = [("The capital of France is", " Paris"), ("The capital of France is", " a banana split"),
+             ("One, two, three,", " four")]
+    got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)], disable_tqdm=True)
+    tok = default_llm.tokenizer
+    for (ctx, cont), (logprob, greedy) in zip(pairs, got):
+        whole, n_ctx = tok.encode(ctx + cont), len(tok.encode(ctx))
+        rows = default_llm.prompt_logprobs(whole, top_n=1)[n_ctx:]
+        assert logprob == pytest.approx(sum(lp for lp, _ in rows), abs=1e-3)
+        assert greedy == all(lp >= max(top.values()) - 1e-6 for lp, top in rows)
+    assert got[0][0] > got[1][0]  # " Paris" is far likelier than " a banana split"
