@@ -41,8 +41,12 @@ def load_runs(run_dirs: list[Path]) -> list[SampleRecord]:
                 rename[key] = f"{key}#{run.run_dir.name}"
             else:
                 seen[key] = run.run_dir
+        rss = {k: v.get("peak_rss_bytes") for k, v in run.manifest.get("backends", {}).items()}
         for r in run.records:
+            update: dict = {}
+            if r.peak_mem_bytes is None and rss.get(r.backend):
+                update["peak_mem_bytes"] = rss[r.backend]  # process peak RSS when the backend gives none
             if r.backend in rename:
-                r = r.model_copy(update={"backend": rename[r.backend]})
-            out.append(r)
+                update["backend"] = rename[r.backend]
+            out.append(r.model_copy(update=update) if update else r)
     return out

@@ -54,16 +54,13 @@ class NiahTask(Task):
         # multi-value: first needle at `depth`, the others at seeded depths
         depths = [depth] + [rng.random() for _ in range(self.num_values - 1)]
         vtype = self.value_kind
-        plural = "are all the" if self.num_values > 1 else "is the"
         before = (
             f"Some special magic {vtype} are hidden within the following text. Make sure to "
             f"memorize it. I will quiz you about the {vtype} afterwards.\n"
         )
-        after = f"\nWhat {plural} special magic {vtype} for {key} mentioned in the provided text?"
-        prefix = (
-            f"The special magic {vtype} for {key} mentioned in the provided text "
-            + ("are" if self.num_values > 1 else "is")
-        )
+        # RULER's wording, plural for every variant
+        after = f"\nWhat are all the special magic {vtype} for {key} mentioned in the provided text?"
+        prefix = f"The special magic {vtype} for {key} mentioned in the provided text are"
 
         def make(n: int, tail: int) -> PromptParts:
             units = self._haystack(seed, n + (1 if tail else 0), {key})

@@ -91,4 +91,4 @@ def test_mode_changes_rendering_not_answers(ref_tok):
     comp = get_task("niah_mk2").build(0, BuildSpec(2048, ref_tok, "completion"))
     assert chat.messages and chat.prompt is None and comp.prompt and comp.messages is None
     assert chat.answers == comp.answers
-    assert comp.prompt.rstrip().endswith("mentioned in the provided text is")
+    assert comp.prompt.rstrip().endswith("mentioned in the provided text are")
