@@ -46,6 +46,35 @@ def _on_step(metrics: ServerMetrics):
     return update
 
 
+class _RequestMetrics:
+    """Pure ASGI middleware counting /v1/* requests by status and timing them.
+
+    (Not `@app.middleware("http")`: BaseHTTPMiddleware wraps `receive`, which hides a client's
+    disconnect from `Request.is_disconnected()`.)
+    """
+
+    def __init__(self, app: Any, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), [500]
+
+        async def send_and_record(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            self.metrics.requests.labels(path, str(status[0])).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - start)
+
+
 def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics()
     bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics),
@@ -61,15 +90,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="msa-eval OpenAI-compatible server", lifespan=lifespan)
     app.state.serving = state
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        start = time.perf_counter()
-        response = await call_next(request)
-        endpoint = request.url.path
-        if endpoint.startswith("/v1/"):
-            metrics.requests.labels(endpoint, str(response.status_code)).inc()
-            metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-        return response
+    app.add_middleware(_RequestMetrics, metrics=metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:

@@ -113,6 +113,7 @@ class _SamplingFields(_Lenient):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens (benchmarks)
 
     @field_validator("stop")
     @classmethod

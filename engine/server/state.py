@@ -85,7 +85,7 @@ class ServingState:
 
         # the engine stops on a stop string; textstream.IncrementalText cuts the text before it
         return SamplingParams(max_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                              stop=req.stop_strings())
+                              stop=req.stop_strings(), ignore_eos=req.ignore_eos)
 
 
 def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:

@@ -172,23 +172,31 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(base_url, client):
     assert ok.choices[0].message.content
 
 
-def test_client_disconnect_aborts_request_and_metrics(base_url):
-    aborted_before = _metric(base_url, "msa_requests_aborted_total")
-    tokens_before = _metric(base_url, "msa_generation_tokens_total")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 4000, "temperature": 0, "stream": True}
-    with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        for _ in range(4):
-            next(lines)
+def _wait_for_abort(base_url: str, aborted_before: float) -> None:
     deadline = time.monotonic() + 30
     while _metric(base_url, "msa_requests_aborted_total") == aborted_before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _metric(base_url, "msa_requests_aborted_total") == aborted_before + 1
     assert _metric(base_url, "msa_requests_running") == 0
+
+
+def test_client_disconnect_aborts_request_and_metrics(base_url):
+    aborted_before = _metric(base_url, "msa_requests_aborted_total")
+    tokens_before = _metric(base_url, "msa_generation_tokens_total")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
+            "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", base_url + "/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(4):
+            next(lines)
+    _wait_for_abort(base_url, aborted_before)
     time.sleep(0.5)  # nothing generates any more
     generated = _metric(base_url, "msa_generation_tokens_total") - tokens_before
     assert generated < 4000 and _metric(base_url, "msa_generation_tokens_total") - tokens_before == generated
+    # a non-streaming client that gives up (read timeout) is noticed and aborted as well
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base_url + "/chat/completions", json=body, timeout=httpx.Timeout(60, read=2.0))
+    _wait_for_abort(base_url, aborted_before + 1)
     text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
     for name in ("msa_requests_total", "msa_request_latency_seconds_bucket", "msa_time_to_first_token_seconds_bucket",
                  "msa_kv_cache_usage_ratio", "msa_queue_depth"):
