@@ -6,6 +6,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console()
@@ -14,7 +15,7 @@ err_console = Console(stderr=True)
 
 def error_line(message: str) -> None:
     """One red line on stderr; the message names the fix."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def info(message: str) -> None:

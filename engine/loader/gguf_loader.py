@@ -6,6 +6,8 @@ RoPE; they are permuted back here so the model uses the HF rotate-half conventio
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +174,29 @@ def gguf_tokenizer(reader, cfg: ModelConfig) -> Tokenizer:
         eos_token_ids=set(cfg.eos_token_ids), add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)))
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def load_gguf(path: Path, cache_dir: Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Config, float32 weights and tokenizer. With `cache_dir`, the dequantized weights are
+    kept there as safetensors (written atomically) and memory-mapped on later loads."""
+    from safetensors.torch import load_file, save_file
+
     reader = _reader(path)
     cfg = gguf_config(reader)
-    return cfg, gguf_weights(reader, cfg), gguf_tokenizer(reader, cfg)
+    tok = gguf_tokenizer(reader, cfg)
+    cached = cache_dir / "weights.safetensors" if cache_dir else None
+    if cached is not None and cached.is_file():
+        try:
+            return cfg, load_file(str(cached)), tok
+        except Exception:  # a damaged cache entry is rebuilt, never trusted
+            cached.unlink(missing_ok=True)
+    weights = gguf_weights(reader, cfg)
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".part-", suffix=".safetensors", dir=cached.parent)
+            os.close(fd)
+            save_file(weights, tmp)
+            os.replace(tmp, cached)
+        except OSError:  # a read-only or full cache only costs speed
+            if "tmp" in locals() and os.path.exists(tmp):
+                os.unlink(tmp)
+    return cfg, weights, tok

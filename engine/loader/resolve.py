@@ -1,6 +1,8 @@
 """Resolve `--model` (built-in name, HF directory, .gguf path) and load it."""
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,13 +40,22 @@ def resolve_model_path(model: str, progress: bool = True) -> tuple[str, Path]:
     return store._builtin(model).name, Path()  # raises the unknown-name error
 
 
+def _dequant_cache(path: Path, sha: str | None) -> Path | None:
+    """Where the dequantized float32 weights of a GGUF are cached (dequantizing takes seconds)."""
+    if os.environ.get("MSA_EVAL_NO_DEQUANT_CACHE"):
+        return None
+    st = path.stat()
+    key = sha[:16] if sha else hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return store.home() / "dequant" / key
+
+
 def load(model: str, progress: bool = True) -> LoadedModel:
     model_id, path = resolve_model_path(model, progress=progress)
     if path.suffix == ".gguf":
         from engine.loader.gguf_loader import load_gguf
 
-        cfg, weights, tok = load_gguf(path)
         sha = store.BUILTIN_MODELS[model].sha256 if model in store.BUILTIN_MODELS else None
+        cfg, weights, tok = load_gguf(path, cache_dir=_dequant_cache(path, sha))
     else:
         from engine.loader.hf_loader import load_hf_dir
 

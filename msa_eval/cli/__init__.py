@@ -33,6 +33,7 @@ for _name in COMMAND_MODULES:
 
 def main() -> None:
     """Console entry point: harness errors become one red line and exit code 1."""
+    from engine.errors import EngineError
     from msa_eval.errors import MsaEvalError
 
     try:
@@ -42,7 +43,7 @@ def main() -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except MsaEvalError as e:
+    except (MsaEvalError, EngineError) as e:
         from msa_eval.display import error_line
 
         error_line(str(e))

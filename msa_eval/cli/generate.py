@@ -1,0 +1,56 @@
+"""`msa-eval generate --model M [--chat] PROMPT`: stream tokens from the local engine."""
+from __future__ import annotations
+
+import click
+
+from msa_eval import display
+
+
+def register(group: click.Group) -> None:
+    group.add_command(generate)
+
+
+@click.command()
+@click.argument("prompt")
+@click.option("--model", default="smollm2-135m", show_default=True, help="Built-in name, HF directory or .gguf path.")
+@click.option("--attention", type=click.Choice(["dense", "msa", "msa-ref"]), default="dense", show_default=True)
+@click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--seed", default=None, type=int)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
+def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top_k, seed, stop, device, as_json):
+    """Generate a completion for PROMPT."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(model, attention=attention, device=device)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            seed=seed, stop=list(stop))
+    text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    ids = llm.tokenizer.encode(text, add_special_tokens=not chat)
+    eng = llm.engine
+    seq = eng.add_request("cli-0", ids, params)
+    shown = ""
+    while eng.has_unfinished():
+        eng.step()
+        if not as_json:
+            now = llm.tokenizer.decode(seq.output_ids)
+            for s in params.stop:  # never print past a stop string
+                if s in now:
+                    now = now[: now.find(s)]
+            if now.startswith(shown) and len(now) > len(shown) and not now.endswith("\ufffd"):
+                display.stream_text(now[len(shown):])
+                shown = now
+    out = llm._output(eng.pop_finished("cli-0"))
+    if as_json:
+        display.print_json({"model": llm.model_id, "attention": attention, "text": out.text,
+                            "prompt_tokens": len(ids), "completion_tokens": len(out.token_ids),
+                            "finish_reason": out.finish_reason, "metrics": out.metrics})
+    else:
+        if out.text.startswith(shown) and len(out.text) > len(shown):
+            display.stream_text(out.text[len(shown):])
+        display.stream_text("\n")
