@@ -1,0 +1,104 @@
+"""`local` backend: the in-process engine (`engine.LLM`), dense or MSA attention.
+
+Completion-mode requests are tokenized as given; chat-mode requests go through the model's
+chat template (tools rendered the same way the server renders them), so `--backend local`
+and `--backend openai` against `msa-eval serve` see the identical token sequence.
+A batch is submitted at once and served by continuous batching.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from msa_eval.backends.base import ChatResponse, GenRequest, GenResult, ToolCall
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, model: str = "smollm2-135m", attention: str = "dense", device: str | None = None,
+                 max_num_seqs: int = 8, max_model_len: int | None = None, progress: bool = True,
+                 **llm_opts: Any):
+        from engine import LLM
+
+        self.attention = attention
+        self.llm = LLM(model, attention=attention, device=device, max_num_seqs=max_num_seqs,
+                       max_model_len=max_model_len, progress=progress, **llm_opts)
+        self.tokenizer = self.llm.tokenizer
+
+    # -- interface ------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        llm = self.llm
+        d = {"backend": "local", "model": llm.model_id, "model_path": str(llm.model_path),
+             "model_sha256": llm.model_sha256, "tokenizer_sha256": self.tokenizer.fingerprint(),
+             "attention": self.attention, "device": str(llm.device), "dtype": str(llm.dtype).replace("torch.", ""),
+             "max_model_len": llm.max_model_len}
+        msa = getattr(llm, "msa", None)
+        if msa is not None:
+            d["msa"] = msa.describe() if hasattr(msa, "describe") else repr(msa)
+        return d
+
+    def count_tokens(self, text: str) -> int | None:
+        return len(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def prompt_ids(self, req: GenRequest) -> list[int]:
+        if req.messages is not None:
+            text = self.tokenizer.apply_chat_template(req.messages)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(req.prompt or "", add_special_tokens=True)
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        from engine import SamplingParams
+        from engine.errors import ContextTooLongError
+
+        eng = self.llm.engine
+        results: dict[str, GenResult] = {}
+        live: dict[str, tuple[GenRequest, int, float]] = {}
+        for r in requests:
+            ids = self.prompt_ids(r)
+            sp = SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
+                                stop=list(r.stop), seed=r.seed)
+            rid = f"local-{r.id}-{time.monotonic_ns()}"
+            try:
+                eng.add_request(rid, ids, sp)
+            except ContextTooLongError as e:  # the harness sized the prompt wrong: error record
+                results[r.id] = GenResult(r.id, "", "error", prompt_tokens=len(ids), error=str(e))
+                continue
+            live[rid] = (r, len(ids), time.perf_counter())
+        try:
+            while eng.has_unfinished():
+                eng.step()
+        except BaseException:
+            for rid in live:
+                eng.abort(rid)
+            raise
+        for rid, (r, n_prompt, t0) in live.items():
+            out = self.llm._output(eng.pop_finished(rid))
+            m = out.metrics
+            extra = {k: v for k, v in m.items() if k not in ("prefill_s", "decode_s", "ttft_s")}
+            results[r.id] = GenResult(
+                r.id, out.text, out.finish_reason or "stop", prompt_tokens=n_prompt,
+                completion_tokens=len(out.token_ids), latency_s=time.perf_counter() - t0,
+                ttft_s=m.get("ttft_s"), prefill_s=m.get("prefill_s"), decode_s=m.get("decode_s"), extra=extra)
+        return [results[r.id] for r in requests]
+
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+             max_tokens: int = 512, temperature: float = 0.0, seed: int | None = None) -> ChatResponse:
+        from engine.server.toolcalls import messages_for_template, parse_tool_calls, template_supports_tools
+
+        native = template_supports_tools(self.tokenizer.chat_template)
+        msgs, tpl_tools = messages_for_template(messages, tools, "auto", native)
+        text = self.tokenizer.apply_chat_template(msgs, tools=tpl_tools)
+        from engine import SamplingParams
+
+        t0 = time.perf_counter()
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+
+        out = self.llm.generate([ids], SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed))[0]
+        names = {t["function"]["name"] for t in tools or [] if "function" in t}
+        parsed = parse_tool_calls(out.text, names)
+        calls = [ToolCall(c.id, c.name, c.arguments) for c in parsed.tool_calls]
+        return ChatResponse(content=parsed.content, tool_calls=calls,
+                            finish_reason="tool_calls" if calls else (out.finish_reason or "stop"),
+                            prompt_tokens=len(ids), completion_tokens=len(out.token_ids),
+                            latency_s=time.perf_counter() - t0, cost_usd=0.0, extra=out.metrics)
