@@ -45,6 +45,9 @@ class LLM:
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        from engine.msa_setup import split_model_adapter
+
+        model, self.msa_adapter_path = split_model_adapter(model)  # `BASE+ADAPTER_DIR` for MSA
         loaded = load(model, progress=progress)
         self.model_id, self.model_path, self.config = loaded.model_id, loaded.path, loaded.config
         self.model_sha256 = loaded.sha256
