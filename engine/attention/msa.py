@@ -1,0 +1,90 @@
+"""MSA attention for the engine: per MSA layer, write the index keys into the paged index-K
+cache, select the top-k blocks (prefill indexer for chunks, decode indexer for decode steps),
+then exact attention over the selected blocks; the configured dense layers run `DenseAttention`.
+
+`impl`: "auto" = Triton kernels on CUDA tensors, torch references on CPU (`--attention msa`);
+"torch" = always the references (`--attention msa-ref`).
+
+Statistics per request (summed over layers) in `meta.stats`: `keys_read` (keys the layer's
+attention reads: `(n_valid - 1) * B + pos % B + 1` per query with `n_valid = min(k, pos // B + 1)`,
+whatever blocks are picked) and `keys_dense` (`pos + 1`). With `track_recall=True` (reference path
+only) each MSA layer also adds the dense softmax mass that falls inside its selected blocks to
+`recall[layer] = [mass_sum, n_query_heads]`.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.attention.dense import DenseAttention
+from engine.attention.meta import AttentionMeta
+from engine.msa.config import MSAConfig
+from engine.msa.projections import IndexProjections, IndexRope
+from engine.msa.recall import selected_mass
+
+
+class MSAAttention:
+    def __init__(self, msa: MSAConfig, projections: IndexProjections, rope: IndexRope, num_layers: int,
+                 scale: float, impl: str = "auto", track_recall: bool = False):
+        if track_recall and impl != "torch":
+            raise ValueError("attention-mass recall is measured on the reference path: use attention='msa-ref'")
+        self.msa, self.proj, self.rope, self.scale, self.impl = msa, projections, rope, scale, impl
+        self.kind = "msa-ref" if impl == "torch" else "msa"
+        self.num_layers = num_layers
+        self.msa_layers = set(projections.layer_ids)
+        self.dense = DenseAttention(scale)
+        self.track_recall = track_recall
+        self.recall: dict[int, list[float]] = {}
+
+    # -- statistics -----------------------------------------------------------------------
+    def _fill_stats(self, meta: AttentionMeta) -> None:
+        B, k = self.msa.block_size, self.msa.topk
+        n_msa = len(self.msa_layers)
+        n_dense = self.num_layers - n_msa
+        read, dense = [], []
+        for ql, kl in zip(meta.q_lens, meta.kv_lens):
+            r = d = 0
+            for pos in range(kl - ql, kl):
+                r += (min(k, pos // B + 1) - 1) * B + pos % B + 1
+                d += pos + 1
+            read.append(float(n_msa * r + n_dense * d))
+            dense.append(float(self.num_layers * d))
+        meta.stats["keys_read"], meta.stats["keys_dense"] = read, dense
+
+    def reset_recall(self) -> None:
+        self.recall = {}
+
+    def recall_by_layer(self) -> dict[int, float]:
+        return {i: s / max(n, 1) for i, (s, n) in sorted(self.recall.items())}
+
+    # -- the layer call -------------------------------------------------------------------
+    def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 cache, positions: torch.Tensor, **_: object) -> torch.Tensor:
+        if layer == 0:
+            self._fill_stats(meta)
+        if layer not in self.msa_layers:
+            return self.dense(layer, q, k_cache, v_cache, meta)
+        q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
+        kic = cache.k_idx[layer]
+        kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
+        q_idx = q_idx.to(kic.dtype)
+        if meta.is_decode:
+            from kernels.decode import msa_decode_attention, msa_decode_indexer
+
+            ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
+            out = msa_decode_attention(q, k_cache, v_cache, ids, meta.page_table, meta.seq_lens_kv, 1,
+                                       softmax_scale=self.scale, impl=self.impl)
+        else:
+            from kernels.indexer import msa_indexer
+            from kernels.sparse_prefill import msa_prefill_attention
+
+            ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
+                              impl=self.impl)
+            out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
+                                           ids, scale=self.scale, impl=self.impl, check_ids=False)
+        if self.track_recall:
+            s, n = selected_mass(q, k_cache, meta, ids, self.scale)
+            acc = self.recall.setdefault(layer, [0.0, 0])
+            acc[0] += s
+            acc[1] += n
+        return out

@@ -1,0 +1,51 @@
+"""Attention-mass recall of a block selection: the fraction of the DENSE softmax mass of each
+query head that falls inside the blocks its KV group selected (1.0 = the selection misses nothing).
+
+Reference math in fp32, one request at a time, queries in chunks (no `[T, S]` beyond a bound).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.attention.dense import gather_kv
+from engine.attention.meta import AttentionMeta
+
+_MAX_ELEMENTS = 1 << 24
+
+
+def dense_probs(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """q `[Tc, Hq, d]`, k `[Hkv, S, d]`, pos `[Tc]` -> causal softmax probabilities fp32 `[Tc, Hq, S]`."""
+    hq, hkv = q.shape[1], k.shape[0]
+    kk = k.float().repeat_interleave(hq // hkv, 0)  # [Hq, S, d]
+    s = torch.einsum("thd,hsd->ths", q.float(), kk) * scale
+    vis = torch.arange(k.shape[1], device=q.device)[None, :] <= pos[:, None]
+    return torch.softmax(s.masked_fill(~vis[:, None, :], float("-inf")), dim=-1)
+
+
+def block_mask(ids: torch.Tensor, seq_len: int, block: int, group: int) -> torch.Tensor:
+    """ids `[Tc, Hkv, k]` (-1 padding) -> bool `[Tc, Hq, S]`: key j lies in a selected block of the head's group."""
+    nb = -(-seq_len // block)
+    sel = torch.zeros(ids.shape[0], ids.shape[1], nb + 1, dtype=torch.bool, device=ids.device)
+    sel.scatter_(2, torch.where(ids >= 0, ids.long(), nb), True)
+    sel = sel[..., :nb].repeat_interleave(block, dim=2)[..., :seq_len]
+    return sel.repeat_interleave(group, dim=1)
+
+
+def selected_mass(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, ids: torch.Tensor,
+                  scale: float) -> tuple[float, int]:
+    """Sum over (query token, query head) of the dense mass inside the selection, and the count."""
+    hq, block = q.shape[1], k_cache.shape[2]
+    group = hq // k_cache.shape[1]
+    total, count, start = 0.0, 0, 0
+    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens)):
+        k = gather_kv(k_cache, meta.page_lists[r], kl)
+        chunk = max(1, _MAX_ELEMENTS // (hq * kl))
+        for c0 in range(0, ql, chunk):
+            c1 = min(ql, c0 + chunk)
+            pos = kl - ql + torch.arange(c0, c1, device=q.device)
+            p = dense_probs(q[start + c0:start + c1], k, pos, scale)
+            m = block_mask(ids[start + c0:start + c1], kl, block, group)
+            total += float((p * m).sum())
+            count += (c1 - c0) * hq
+        start += ql
+    return total, count
