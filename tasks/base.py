@@ -48,8 +48,9 @@ class PromptParts:
 
     Rendered text = before + context + after; in completion mode the answer prefix follows
     on a new line (the model continues after it); in chat mode the user turn is
-    before + context + after (+ the answer prefix as a trailing instruction line when
-    `prefix_in_chat`), since chat endpoints cannot prefill the assistant turn.
+    before + context + after, without the prefix (HELMET's chat policy: chat endpoints
+    cannot prefill the assistant turn, and small chat models given the prefix as a last
+    user line tend to echo it and stop); `prefix_in_chat=True` appends it (RULER's API mode).
     """
 
     before: str
@@ -57,7 +58,7 @@ class PromptParts:
     after: str
     answer_prefix: str = ""
     system: str | None = None
-    prefix_in_chat: bool = True
+    prefix_in_chat: bool = False
 
 
 @dataclass

@@ -8,9 +8,11 @@ def test_render_modes():
     parts = PromptParts("B:", "ctx", ":A", "Answer:", system="sys")
     prompt, messages = render(parts, "completion")
     assert messages is None and prompt == "sys\n\nB:ctx:A\nAnswer:"
-    prompt, messages = render(parts, "chat")
+    prompt, messages = render(parts, "chat")  # HELMET chat policy: no answer prefix
     assert prompt is None
-    assert messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "B:ctx:A\nAnswer:"}]
+    assert messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "B:ctx:A"}]
+    _, messages = render(PromptParts("B:", "ctx", ":A", "Answer:", prefix_in_chat=True), "chat")
+    assert messages == [{"role": "user", "content": "B:ctx:A\nAnswer:"}]
 
 
 def test_count_includes_chat_template(ref_tok):
