@@ -183,3 +183,15 @@ def agent_transcript(t: Any, max_chars: int = 1500) -> None:
                       f"{r['peak_context_tokens']} {_esc(json.dumps(r.get('grade')))}", highlight=False)
     else:
         console.print("[bold yellow]no result yet[/] (the run stopped early; `agent run --resume --out FILE` continues it)")
+
+
+def sparsify_summary(prov: dict[str, Any], out: str) -> None:
+    """Per-layer attention-mass recall before/after of a `sparsify` run, then where the adapter is."""
+    rows = [(k, f"{v['recall_before']:.3f}", f"{v['recall_after']:.3f}", f"{v['loss_first']:.3f}",
+             f"{v['loss_last']:.3f}", v["seconds"]) for k, v in prov["layers"].items()]
+    m = prov["msa"]
+    table(f"MSA indexer B={m['block_size']} k={m['topk']} d_idx={m['d_idx']} (held-out attention-mass recall)",
+          ["layer", "recall before", "recall after", "KL first", "KL last", "s"], rows)
+    console.print(f"mean recall {prov['mean_recall_before']:.3f} -> {prov['mean_recall_after']:.3f}; "
+                  f"wall {prov['wall_seconds']:.0f} s; adapter in {escape(str(out))}: use "
+                  f"--model {escape(prov['base']['model_id'])}+{escape(str(out))} --attention msa", highlight=False)

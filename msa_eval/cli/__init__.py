@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "msa_eval.cli.report",
     "msa_eval.cli.tasks",
     "msa_eval.cli.agent",
+    "msa_eval.cli.sparsify",
 ]
 
 
