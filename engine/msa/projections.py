@@ -36,12 +36,21 @@ class LayerIndexer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: "IndexRope", cos: torch.Tensor, sin: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.index_q(h, rope, cos, sin, positions), self.index_k(h, rope, cos, sin, positions)
+
+    def index_q(self, h, rope: "IndexRope", cos, sin, positions) -> torch.Tensor:
+        """`[T, hidden]` -> `[T, Hkv, d_idx]`."""
         q = F.linear(h, self.wq.to(h.dtype)).view(-1, self.num_kv_heads, self.d_idx)
-        k = F.linear(h, self.wk.to(h.dtype)).view(-1, 1, self.d_idx)
         if self.q_norm is not None:
-            q, k = _rms(q, self.q_norm), _rms(k, self.k_norm)
-        q, k = rope(q, cos, sin, positions), rope(k, cos, sin, positions)
-        return q, k[:, 0]
+            q = _rms(q, self.q_norm)
+        return rope(q, cos, sin, positions)
+
+    def index_k(self, h, rope: "IndexRope", cos, sin, positions) -> torch.Tensor:
+        """`[T, hidden]` -> `[T, d_idx]`."""
+        k = F.linear(h, self.wk.to(h.dtype)).view(-1, 1, self.d_idx)
+        if self.k_norm is not None:
+            k = _rms(k, self.k_norm)
+        return rope(k, cos, sin, positions)[:, 0]
 
 
 class IndexRope:

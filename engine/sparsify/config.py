@@ -1,0 +1,46 @@
+"""Settings of one `sparsify` run (typed; the CLI maps its options onto this)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class SparsifyConfig:
+    model: str
+    out: str
+    block_size: int = 128
+    topk: int = 16
+    d_idx: int | None = None  # None: the model's head dim
+    dense_layers: tuple[int, ...] | None = None  # None: the first two layers
+    index_norm: bool = False
+    tokens: int = 24576  # calibration tokens (training sequences; one more sequence is held out)
+    seq_len: int = 4096
+    warmup_steps: int = 60  # per layer: dense KL over the whole causal history
+    steps: int = 40  # per layer, after the warm-up: KL over the selected blocks
+    queries: int = 256  # query positions sampled per step
+    lr: float = 2e-3
+    seed: int = 0
+    data: tuple[str, ...] = ()
+    eval_queries: int = 512  # evenly spaced positions of the held-out sequence for the recall
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2 * self.block_size:
+            raise ValueError(f"--seq-len {self.seq_len} must be at least two blocks ({2 * self.block_size})")
+        if self.tokens < self.seq_len:
+            raise ValueError(f"--tokens {self.tokens} must be at least --seq-len {self.seq_len}")
+        if self.warmup_steps < 0 or self.steps < 0 or self.warmup_steps + self.steps == 0:
+            raise ValueError("--warmup-steps and --steps must be >= 0 and not both 0")
+
+    @property
+    def n_train(self) -> int:
+        return self.tokens // self.seq_len
+
+    def identity(self) -> dict:
+        """What a checkpoint must match to be resumed (everything that changes the result)."""
+        d = asdict(self)
+        d.pop("out")
+        d.pop("device")
+        d["dense_layers"] = list(self.dense_layers) if self.dense_layers is not None else None
+        d["data"] = list(self.data)
+        return d
