@@ -16,11 +16,13 @@ def register(group: click.Group) -> None:
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Folder for report.md/.csv/.json and plots (default: <first run>/report).")
+@click.option("--format", "formats", default="md,csv,json", show_default=True,
+              help="Files to write: any of md, csv, json (comma-separated).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--bootstrap", type=int, default=1000, show_default=True, help="Bootstrap resamples for the Δ CIs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--markdown", "as_md", is_flag=True, help="Print the report as Markdown.")
-def report(run_dirs: tuple[Path, ...], out: Path | None, no_plots: bool, bootstrap: int,
+def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots: bool, bootstrap: int,
            as_json: bool, as_md: bool) -> None:
     """Join the runs in RUN_DIRS side by side (columns = backend @ length)."""
     from msa_eval.errors import MsaEvalError
@@ -33,7 +35,10 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, no_plots: bool, bootstr
         raise MsaEvalError(f"no records in {', '.join(map(str, run_dirs))}: run `msa-eval run` first")
     rep = build_report(records, n_boot=bootstrap)
     dest = out or Path(run_dirs[0]) / "report"
-    paths = write_report(rep, dest)
+    wanted = {f.strip() for f in formats.split(",") if f.strip()}
+    if not wanted or wanted - {"md", "csv", "json"}:
+        raise MsaEvalError(f"bad --format {formats!r}: use a comma-separated subset of md,csv,json")
+    paths = write_report(rep, dest, wanted)
     if not no_plots:
         plot_report(rep, records, dest)
     if as_json:
@@ -42,4 +47,4 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, no_plots: bool, bootstr
         display.stream_text(to_markdown(rep))
     else:
         display.report_tables(rep)
-        display.info(f"[dim]written: {paths['markdown']}, {paths['csv']}, {paths['json']}[/]")
+        display.info(f"[dim]written: {', '.join(str(p) for p in paths.values())}[/]")

@@ -73,12 +73,19 @@ def efficiency_csv(rep: Report) -> str:
     return buf.getvalue()
 
 
-def write_report(rep: Report, out_dir: Path) -> dict[str, Path]:
+def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) -> dict[str, Path]:
+    """Write report.md / report.csv + efficiency.csv / report.json (those in `formats`)."""
+    formats = formats or {"md", "csv", "json"}
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": out_dir / "report.md", "csv": out_dir / "report.csv",
-             "efficiency_csv": out_dir / "efficiency.csv", "json": out_dir / "report.json"}
-    atomic_write_text(paths["markdown"], to_markdown(rep))
-    atomic_write_text(paths["csv"], to_csv(rep))
-    atomic_write_text(paths["efficiency_csv"], efficiency_csv(rep))
-    atomic_write_json(paths["json"], rep.to_dict())
+    paths: dict[str, Path] = {}
+    if "md" in formats:
+        paths["markdown"] = out_dir / "report.md"
+        atomic_write_text(paths["markdown"], to_markdown(rep))
+    if "csv" in formats:
+        paths["csv"], paths["efficiency_csv"] = out_dir / "report.csv", out_dir / "efficiency.csv"
+        atomic_write_text(paths["csv"], to_csv(rep))
+        atomic_write_text(paths["efficiency_csv"], efficiency_csv(rep))
+    if "json" in formats:
+        paths["json"] = out_dir / "report.json"
+        atomic_write_json(paths["json"], rep.to_dict())
     return paths
