@@ -68,7 +68,8 @@ def _git_commit() -> str | None:
 
 def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], backend_key: str,
               backend_info: dict[str, Any], config: AgentConfig, run_dir: Path, suite: str,
-              concurrency: int = 1, on_result: Callable[[dict[str, Any]], None] | None = None) -> BatchSummary:
+              concurrency: int = 1, on_result: Callable[[dict[str, Any]], None] | None = None,
+              container: bool = False) -> BatchSummary:
     """Run every task not yet recorded in `run_dir` (resuming partial trajectories)."""
     from msa_eval import __version__
 
@@ -87,6 +88,7 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
             raise AgentHarnessError(f"{run_dir}: tasks changed since the run began ({changed[:3]}); use a new --out")
         ident["tasks"] = {**old.get("tasks", {}), **ident["tasks"]}
     manifest = {"schema": RUN_SCHEMA, **ident, "config": config.to_dict(), "backend_info": backend_info,
+                "sandbox": "docker" if container else "local",
                 "versions": {"msa_eval": __version__}, "git_commit": _git_commit(), "status": "running",
                 "updated_at": time.time()}
     _atomic_json(mpath, manifest)
@@ -98,7 +100,7 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
     def one(task: AgentTask) -> None:
         traj = run_dir / "trajectories" / f"{task.id}.jsonl"
         try:
-            res = run_task(task, make_backend(task), config, traj, resume=traj.exists()).to_dict()
+            res = run_task(task, make_backend(task), config, traj, resume=traj.exists(), container=container).to_dict()
         except Exception as e:  # noqa: BLE001 - one broken task never crashes the batch
             res = {"task_id": task.id, "family": task.family, "status": "environment_error", "score": 0.0,
                    "error": f"{type(e).__name__}: {e}", "trajectory": str(traj)}

@@ -29,6 +29,7 @@ from agents.errors import EnvironmentFailure, ToolError
 
 DEFAULT_OUTPUT_CHARS = 16_000  # kept in an observation (head + tail)
 HARD_OUTPUT_BYTES = 64 * 1024 * 1024  # a command printing more than this is killed
+DEFAULT_IMAGE = os.environ.get("MSA_EVAL_SANDBOX_IMAGE", "python:3.11-slim")  # container sandbox image
 
 
 @dataclass
@@ -154,6 +155,8 @@ class Workspace:
         self._tmp = Path(tempfile.mkdtemp(prefix="msa-agent-", dir=parent))
         self.root = self._tmp / "repo"
         self.root.mkdir()
+        self.scratch = self._tmp / "scratch"  # harness files (test outcomes), outside the diff
+        self.scratch.mkdir()
         self._git_dir = self._tmp / "baseline.git"
         self.python = python or _default_python()
         for rel, text in files.items():
@@ -237,20 +240,35 @@ def docker_available() -> bool:
 
 
 class ContainerWorkspace(Workspace):
-    """Workspace whose commands run in a Docker container (`--network none`, the workspace
-    bind-mounted at /repo). File tools still act on the host copy. Used only when
-    `docker_available()`; the image must already be present (nothing is pulled)."""
+    """Workspace whose commands run in a Docker container (`--network none`, `--pull never`).
 
-    def __init__(self, files: dict[str, str], image: str = "python:3.11-slim", parent: Path | None = None):
+    The workspace's temp dir and the agents package are bind-mounted at their host paths, so
+    paths are identical inside and out; file tools act on the host copy. Used only when
+    `container_available(image)` holds; nothing is ever pulled."""
+
+    def __init__(self, files: dict[str, str], image: str = DEFAULT_IMAGE, parent: Path | None = None):
         super().__init__(files, parent)
         self.image = image
-        self.python = "python"
+        self.python = "python3"
 
     def run(self, command: str | list[str], timeout_s: float = 60.0, max_chars: int = DEFAULT_OUTPUT_CHARS) -> CommandResult:
         inner = command if isinstance(command, str) else " ".join(map(_quote, command))
-        argv = ["docker", "run", "--rm", "--network", "none", "--pull", "never", "-v", f"{self.root}:/repo",
-                "-w", "/repo", "-e", "PYTHONPATH=/repo", "-e", "PAGER=cat", self.image, "bash", "-c", inner]
+        pkg = Path(__file__).resolve().parent
+        argv = ["docker", "run", "--rm", "--network", "none", "--pull", "never",
+                "-v", f"{self._tmp}:{self._tmp}", "-v", f"{pkg}:{pkg}:ro", "-w", str(self.root),
+                "-e", f"PYTHONPATH={self.root}", "-e", "PAGER=cat", "-e", "PYTHONDONTWRITEBYTECODE=1",
+                self.image, "bash", "-c", inner]
         return run_command(argv, self.root, dict(os.environ), timeout_s, max_chars, no_network=False)
+
+
+def container_available(image: str = DEFAULT_IMAGE) -> bool:
+    """A working engine (`docker info`) and the image already present locally."""
+    if not docker_available():
+        return False
+    try:
+        return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=15).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _quote(s: str) -> str:

@@ -17,7 +17,7 @@ RUNNER = Path(__file__).with_name("unittest_json.py")
 
 def run_unittests(ws: Workspace, modules: list[str], timeout_s: float = 120.0) -> tuple[dict[str, str], CommandResult]:
     """Per-test outcomes of `modules` run in `ws` ({} when the runner itself died)."""
-    with tempfile.TemporaryDirectory(prefix="msa-tests-") as d:
+    with tempfile.TemporaryDirectory(prefix="tests-", dir=ws.scratch) as d:
         out = Path(d) / "outcomes.json"
         res = ws.run([ws.python, "-X", "faulthandler", str(RUNNER), str(out), *modules], timeout_s=timeout_s)
         try:

@@ -33,10 +33,11 @@ def materialize(spec: dict[str, Any]) -> dict[str, str]:
 
 
 def open_workspace(files: dict[str, str], container: bool = False) -> Workspace:
+    """A local workspace, or a container one when asked for and Docker and its image work."""
     if container:
-        from agents.sandbox import ContainerWorkspace, docker_available
+        from agents.sandbox import ContainerWorkspace, container_available
 
-        if docker_available():
+        if container_available():
             return ContainerWorkspace(files)
     return Workspace(files)
 

@@ -73,6 +73,8 @@ def _backend_opts(f):
         click.option("--max-output-tokens", type=int, default=1024, show_default=True),
         click.option("--max-wall-s", type=float, default=None), click.option("--max-cost-usd", type=float, default=None),
         click.option("--max-total-tokens", type=int, default=None),
+        click.option("--sandbox", type=click.Choice(["auto", "local", "docker"]), default="auto", show_default=True,
+                     help="auto: Docker when `docker info` works and the image is present, else local."),
         click.option("--tokenizer", default=None,
                      help="oracle: count tokens with this model's tokenizer (e.g. smollm2-135m); default chars/4."),
     ]
@@ -92,6 +94,20 @@ def _config(kw: dict[str, Any]):
         lim.max_steps = kw["max_steps"]
     explicit = tuple(k for k in ("max_steps", "max_wall_s", "max_cost_usd", "max_total_tokens") if kw[k] is not None)
     return AgentConfig(lim, kw["context_policy"], kw["tool_mode"], explicit_limits=explicit)
+
+
+def _container(kw: dict[str, Any]) -> bool:
+    from agents.sandbox import DEFAULT_IMAGE, container_available
+
+    if kw["sandbox"] == "local":
+        return False
+    ok = container_available()
+    if kw["sandbox"] == "docker" and not ok:
+        from agents.errors import AgentHarnessError
+
+        raise AgentHarnessError(f"--sandbox docker needs a working Docker engine and the image {DEFAULT_IMAGE} "
+                                "(set MSA_EVAL_SANDBOX_IMAGE); use --sandbox local")
+    return ok
 
 
 def _make_backend(kw: dict[str, Any]):
@@ -160,7 +176,7 @@ def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
         task = find_task(load_suite(kw["suite"], kw["config_path"]), task_ref)
     factory, key, _ = _make_backend(kw)
     out = out or Path("runs") / "agents" / f"{task.id}-{key.replace(':', '-')}.jsonl"
-    res = run_task(task, factory(task), _config(kw), out, resume=resume, override_task_limits=False)
+    res = run_task(task, factory(task), _config(kw), out, resume=resume, container=_container(kw))
     display.print_json(res.to_dict()) if as_json else display.agent_result(res.to_dict())
 
 
@@ -200,7 +216,7 @@ def run_agents(concurrency, families, limit, out, as_json, **kw) -> None:
     out = out or Path("runs") / f"agents-{kw['suite']}-{key.replace(':', '-')}"
     display.info(f"run directory: {out} ({len(tasks)} tasks)")
     summary = run_batch(tasks, factory, key, info, _config(kw), out, kw["suite"], concurrency,
-                        on_result=None if as_json else display.agent_record_line)
+                        on_result=None if as_json else display.agent_record_line, container=_container(kw))
     rows = [r for r in summary.records if r["task_id"] in {t.id for t in tasks}]
     if as_json:
         display.print_json(rows)
