@@ -13,15 +13,15 @@ class SparsifyConfig:
     d_idx: int | None = None  # None: the model's head dim
     dense_layers: tuple[int, ...] | None = None  # None: the first two layers
     index_norm: bool = False
-    tokens: int = 24576  # calibration tokens (training sequences; one more sequence is held out)
-    seq_len: int = 4096
-    warmup_steps: int = 60  # per layer: dense KL over the whole causal history
-    steps: int = 40  # per layer, after the warm-up: KL over the selected blocks
-    queries: int = 256  # query positions sampled per step
+    tokens: int = 16384  # calibration tokens (training sequences; one more sequence is held out)
+    seq_len: int = 8192
+    warmup_steps: int = 40  # per layer: dense KL over the whole causal history
+    steps: int = 20  # per layer, after the warm-up: KL over the selected blocks
+    queries: int = 128  # query positions sampled per step
     lr: float = 2e-3
     seed: int = 0
     data: tuple[str, ...] = ()
-    eval_queries: int = 512  # evenly spaced positions of the held-out sequence for the recall
+    eval_queries: int = 256  # evenly spaced positions of the held-out sequence for the recall
     device: str | None = None
 
     def __post_init__(self) -> None:

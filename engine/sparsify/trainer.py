@@ -99,8 +99,9 @@ class LayerTrainer:
             loss.backward()
             opt.step()
             sched.step()
-            losses.append(float(loss))
-            on_step(float(loss))
+            lv = float(loss.detach())
+            losses.append(lv)
+            on_step(lv)
         for p in params:
             p.requires_grad_(False)
         return losses
