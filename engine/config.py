@@ -94,6 +94,10 @@ def from_hf_config(cfg: dict[str, Any]) -> ModelConfig:
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     max_pos = int(cfg.get("max_position_embeddings", 4096))
+    # transformers >= 5 writes RoPE settings under `rope_parameters`; older files at top level
+    rope = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     return ModelConfig(
@@ -107,8 +111,8 @@ def from_hf_config(cfg: dict[str, Any]) -> ModelConfig:
         intermediate_size=int(cfg["intermediate_size"]),
         max_position=max_pos,
         rms_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        rope_scaling=RopeScaling.from_hf(cfg.get("rope_scaling"), max_pos),
+        rope_theta=float(theta),
+        rope_scaling=RopeScaling.from_hf(scaling, max_pos),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
         qk_norm=arch == "qwen3",
