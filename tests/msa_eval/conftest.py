@@ -39,7 +39,7 @@ def needle_run(tmp_path_factory):
     proc = subprocess.Popen(argv, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             text=True)
     records = run_dir / "records.jsonl"
-    deadline = time.time() + 600
+    deadline = time.time() + 1500
     while time.time() < deadline and proc.poll() is None:
         if records.is_file() and records.read_text().count("\n") >= 1:
             break
@@ -50,7 +50,7 @@ def needle_run(tmp_path_factory):
     first_out, first_err = proc.communicate(timeout=60)
     before = records.read_text() if records.is_file() else ""
     manifest_after_kill = (run_dir / "manifest.json").read_text()
-    second = subprocess.run(argv, cwd=d, capture_output=True, text=True, env=env, timeout=900)
+    second = subprocess.run(argv, cwd=d, capture_output=True, text=True, env=env, timeout=2000)
     return {"run_dir": run_dir, "killed": killed, "before": before,
             "manifest_after_kill": manifest_after_kill, "first_err": first_err,
             "second": second}

@@ -8,6 +8,9 @@ from msa_eval.report import build_report, load_runs
 from msa_eval.report.build import _pairs
 from msa_eval.report.stats import paired_bootstrap
 
+# the session fixture runs the real model: generous on a loaded machine (~1 min when idle)
+pytestmark = pytest.mark.timeout(2400)
+
 
 def test_report_cli_writes_tables_and_plots(needle_run, run_cli, tmp_path):
     out = tmp_path / "rep"
