@@ -36,7 +36,7 @@ def register(group: click.Group) -> None:
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/<suite>-<backend>-<config hash>).")
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
               help="Backend option, repeatable (openai: max_retries=0, chat_only=true, ...; local: max_num_seqs=4, ...).")
-@click.option("--dry-run", is_flag=True, help="Build prompts and show token counts; load no model.")
+@click.option("--dry-run", is_flag=True, help="Build prompts and show token counts (with --json: the prompts); load no model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
         mode, seed, concurrency, limit, out, backend_opts, dry_run, as_json) -> None:
@@ -47,6 +47,10 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
                    task_names, mode, seed, concurrency, limit, out, backend_opts)
     prep = prepare(args)
     if dry_run:
+        if as_json:  # every prompt, exactly as each backend would receive it
+            display.print_json([s.to_dict() | {"prompt_hash": s.prompt_hash()}
+                                for p in prep.plan for s in p.samples])
+            return
         display.dry_run_table(prep.dry_run_rows())
         display.info(f"[dim]{prep.n_samples} samples x {len(prep.cfg.backends)} backend(s); "
                      f"would write {prep.run_dir}[/]")
