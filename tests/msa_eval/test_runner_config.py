@@ -106,3 +106,25 @@ def test_dry_run_prints_token_counts(run_cli):
     p = run_cli("run", "helmet", "--dry-run", "--tasks", "json_kv,icl", "--lengths", "2k,4k")
     assert p.returncode == 0, p.stderr
     assert "json_kv" in p.stdout and "4096" in p.stdout and "icl" in p.stdout
+
+
+def test_tasks_list_and_show(run_cli):
+    p = run_cli("tasks", "list", "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["name"]: r for r in json.loads(p.stdout)}
+    assert rows["json_kv"]["fidelity"] == "faithful" and rows["rag"]["fidelity"] == "analogue"
+    assert rows["ruler_file"]["fidelity"] == "real-data"
+    p = run_cli("tasks", "show", "niah_mv", "--length", "2k", "--json")
+    assert p.returncode == 0, p.stderr
+    sample = json.loads(p.stdout)["sample"]
+    assert sample["id"] == "niah_mv/2048/0000" and len(sample["answers"]) == 4
+    assert all(a in sample["messages"][-1]["content"] for a in sample["answers"])
+
+
+def test_dry_run_json_prints_prompts_identical_across_modes_of_backends(run_cli):
+    p = run_cli("run", "helmet", "--dry-run", "--json", "--tasks", "icl", "--lengths", "2k")
+    q = run_cli("run", "helmet", "--dry-run", "--json", "--tasks", "icl", "--lengths", "2k",
+                "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "x")
+    assert p.returncode == 0 and q.returncode == 0, p.stderr + q.stderr
+    a, b = json.loads(p.stdout), json.loads(q.stdout)
+    assert [s["prompt_hash"] for s in a] == [s["prompt_hash"] for s in b] and a[0]["messages"]
