@@ -68,7 +68,11 @@ class OpenAIBackendConfig:
     prices_path: str | None = None
 
     def __post_init__(self) -> None:
-        if not urlparse(self.base_url).scheme in ("http", "https"):
+        for name in ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s", "timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if urlparse(self.base_url).scheme not in ("http", "https"):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
             raise ValueError("max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
