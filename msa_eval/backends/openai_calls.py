@@ -44,29 +44,32 @@ async def call_once(client: AsyncOpenAI, endpoint: str, payload: dict[str, Any],
     pieces: list[str] = []
     calls: dict[int, dict[str, str]] = {}
     finish, usage, ttft, fingerprint = None, None, None, None
-    async for chunk in events:
-        fingerprint = getattr(chunk, "system_fingerprint", None) or fingerprint
-        if getattr(chunk, "usage", None) is not None:
-            usage = chunk.usage
-        for choice in chunk.choices or []:
-            if endpoint == "chat":
-                delta = choice.delta
-                piece = (delta.content or "") if delta is not None else ""
-                for tc in (getattr(delta, "tool_calls", None) or []) if delta is not None else []:
-                    slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
-                    slot["id"] = tc.id or slot["id"]
-                    if tc.function is not None:
-                        slot["name"] += tc.function.name or ""
-                        slot["arguments"] += tc.function.arguments or ""
+    try:  # close the HTTP stream also when cancelled (timeout) or failing mid-way
+        async for chunk in events:
+            fingerprint = getattr(chunk, "system_fingerprint", None) or fingerprint
+            if getattr(chunk, "usage", None) is not None:
+                usage = chunk.usage
+            for choice in chunk.choices or []:
+                if endpoint == "chat":
+                    delta = choice.delta
+                    piece = (delta.content or "") if delta is not None else ""
+                    for tc in (getattr(delta, "tool_calls", None) or []) if delta is not None else []:
+                        slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                        slot["id"] = tc.id or slot["id"]
+                        if tc.function is not None:
+                            slot["name"] += tc.function.name or ""
+                            slot["arguments"] += tc.function.arguments or ""
+                        if ttft is None:
+                            ttft = time.perf_counter() - start
+                else:
+                    piece = choice.text or ""
+                if piece:
+                    pieces.append(piece)
                     if ttft is None:
                         ttft = time.perf_counter() - start
-            else:
-                piece = choice.text or ""
-            if piece:
-                pieces.append(piece)
-                if ttft is None:
-                    ttft = time.perf_counter() - start
-            finish = choice.finish_reason or finish
+                finish = choice.finish_reason or finish
+    finally:
+        await events.close()
     p, c = _usage(usage)
     return {"text": "".join(pieces), "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish or "stop",
             "prompt_tokens": p, "completion_tokens": c, "ttft_s": ttft, "latency_s": time.perf_counter() - start,
