@@ -6,6 +6,7 @@ every test here; the in-process `default_llm` gives the reference outputs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -122,8 +123,8 @@ def test_tool_call_round_trip(client):
     assert plain.choices[0].message.tool_calls is None
 
 
-def test_32_concurrent_streams_match_sequential_and_33rd_gets_429(base_url, default_llm):
-    # 8 distinct prompts of different lengths, 4 requests each: 32 streams in one batch
+def test_32_concurrent_streams_match_sequential(base_url, default_llm):
+    # 8 distinct prompts of different lengths, 4 requests each: 32 streams in flight together
     distinct = [f"Give me a fun fact about the number {i}." + " Keep it short." * i for i in range(8)]
     sequential = {p: default_llm.generate([[{"role": "user", "content": p}]], SamplingParams(max_tokens=6))[0].text
                   for p in distinct}
@@ -131,19 +132,37 @@ def test_32_concurrent_streams_match_sequential_and_33rd_gets_429(base_url, defa
 
     async def run() -> list[str]:
         aclient = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
-        streams = [await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                                         temperature=0, max_tokens=6, stream=True) for p in prompts]
-        with pytest.raises(openai.RateLimitError, match="capacity"):  # all 32 slots are taken now
-            await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
 
-        async def drain(s) -> str:
-            return "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
+        async def one(p: str) -> str:
+            stream = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
+                                                           temperature=0, max_tokens=6, stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
-        texts = await asyncio.gather(*(drain(s) for s in streams))
+        texts = await asyncio.gather(*(one(p) for p in prompts))
         await aclient.close()
         return list(texts)
 
     assert asyncio.run(run()) == [sequential[p] for p in prompts]
+
+
+def test_full_server_answers_429_and_recovers(base_url, client):
+    """32 long requests hold every slot (--max-batch 32 --max-queue 0); the 33rd gets 429."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 1000,
+            "temperature": 0, "stream": True, "ignore_eos": True}
+    aborted_before = _metric(base_url, "msa_requests_aborted_total")
+    with contextlib.ExitStack() as stack:
+        for _ in range(32):
+            r = stack.enter_context(httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=60))
+            assert r.status_code == 200
+        with pytest.raises(openai.RateLimitError, match="capacity"):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    deadline = time.monotonic() + 60  # closing the 32 streams aborts them and frees every slot
+    while _metric(base_url, "msa_requests_aborted_total") < aborted_before + 32 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _metric(base_url, "msa_requests_aborted_total") == aborted_before + 32
+    ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                        max_tokens=3)
+    assert ok.choices[0].finish_reason in ("stop", "length")
 
 
 def test_bad_requests_get_4xx_and_server_keeps_serving(base_url, client):
