@@ -2,7 +2,8 @@
 
 Layout: schemas (pydantic edge), async_engine (the one engine thread), textstream (stop
 strings, incremental text), toolcalls (render/parse tool calls), generation (one request),
-chat / completions (routes), metrics (Prometheus), app (assembly).
+chat / completions (routes), tokenize (lm-eval's remote tokenizer endpoints), metrics
+(Prometheus), app (assembly). Run it with `msa-eval serve` or `python -m engine.server`.
 """
 from engine.server.config import ServerConfig
 
