@@ -20,6 +20,9 @@ def load_reference_tokenizer(model: str) -> tuple[Any, dict[str, Any]]:
         return _from_tokenizer_json(p)
     try:
         from engine.loader import resolve_model_path
+        from engine.msa_setup import split_model_adapter
+
+        model, _adapter = split_model_adapter(model)  # BASE+ADAPTER: the base's tokenizer
 
         model_id, path = resolve_model_path(model, progress=True)
         if path.suffix == ".gguf":
