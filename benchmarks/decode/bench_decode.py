@@ -10,6 +10,9 @@ selected pages x Hkv... per (token, group) x 2 (K and V) x d x 2; dense and SDPA
 
     python benchmarks/decode/bench_decode.py --out DIR            # full grid (about 3 minutes on an H200)
     python benchmarks/decode/bench_decode.py --quick --out DIR    # two cells
+
+The fp8 columns use the plan's default fp8 path (the fp8 x fp8 dot since run 3; run 1 widened keys to
+bf16). Launch-knob sweeps: ``sweep_decode.py``.
 """
 from __future__ import annotations
 
@@ -214,10 +217,13 @@ def structured_agreement(q_len: int, batch: int = 8, ctx: int = 131072, seed: in
         plan = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device=DEVICE)
         plan.plan(cell.seq_lens, cell.tables[0], q_len)
         ref = plan.run_indexer(q_idx, keys).clone()
-        got = plan.run_indexer(q_idx, k8, scale)
-        hist_ref, hist_got = ref[..., : TOPK - 1].long(), got[..., : TOPK - 1].long()
-        hit = (hist_got[..., :, None] == hist_ref[..., None, :]).any(-1).float().mean().item()
-        out[name] = hit
+        hist_ref = ref[..., : TOPK - 1].long()
+        for suffix, fp8_dot in (("", False), ("_fp8_dot", True)):
+            plan8 = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device=DEVICE,
+                                  index_fp8_dot=fp8_dot)
+            plan8.plan(cell.seq_lens, cell.tables[0], q_len)
+            hist_got = plan8.run_indexer(q_idx, k8, scale)[..., : TOPK - 1].long()
+            out[name + suffix] = (hist_got[..., :, None] == hist_ref[..., None, :]).any(-1).float().mean().item()
     del cell
     return out
 

@@ -33,7 +33,7 @@ DEV = "cpu" if DRY else "cuda"
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.indexer.op import _launch_indexer, indexer_block_scores_triton  # noqa: E402
 from kernels.sparse_prefill import msa_prefill_attention  # noqa: E402
-from kernels.sparse_prefill.op import _launch_tile, default_tile_q, tile_unions  # noqa: E402
+from kernels.sparse_prefill.op import _launch_tile, build_unions, default_tile_q  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 
 SHAPES = {  # Hq, Hkv, d, B, topk, d_idx
@@ -167,11 +167,11 @@ def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float,
             t_cfg = timed(lambda: _launch_tile(*att_args, ids, out_b, lse_b, 1 / math.sqrt(shape["d"]), tq,
                                                num_warps=warps, num_stages=stages), reps_for(est / 2))
             row(f"attention tile TQ={tq} warps={warps} stages={stages}", t_cfg, att_flops,
-                "config sweep (no union build inside)")
+                "config sweep (union build inside)")
         del out_b, lse_b
     for tq in ([8, 4] if group >= 8 else [16, 8, 32]):
         tr, ts = tile_table(x["cu_seqlens_q"], t, tq, longest_first=False)
-        union, count = tile_unions(ids, tr, ts, x["cu_seqlens_q"], tq)
+        union, _, count = build_unions(ids, x["page_table"], x["cu_seqlens_q"], tr, ts, tq)
         mean_u = count[tr >= 0].float().mean().item()
         t_tile = timed(lambda: msa_prefill_attention(*att_args, ids, design="tile", tile_q=tq, check_ids=False),
                        reps_for(est / 2))
@@ -180,8 +180,8 @@ def bench_one(name: str, t: int, structured: bool, peak: float, deadline: float,
         if tq == (8 if group >= 8 else 16):
             t_tile_main = t_tile
             out_tile = msa_prefill_attention(*att_args, ids, design="tile", tile_q=tq, check_ids=False)[0]
-            t_u = timed(lambda: tile_unions(ids, tr, ts, x["cu_seqlens_q"], tq), 5)
-            row(f"  of which union build (torch sorts) TQ={tq}", t_u, None)
+            t_u = timed(lambda: build_unions(ids, x["page_table"], x["cu_seqlens_q"], tr, ts, tq), 5)
+            row(f"  of which union build (Triton kernel) TQ={tq}", t_u, None)
         del union, count
     if t <= 262144:
         t_tok = timed(lambda: msa_prefill_attention(*att_args, ids, design="token", check_ids=False),

@@ -206,7 +206,7 @@ def _merge(ws_o, ws_lse, out, lse, num_splits):
 
 
 def launch_sparse(q, k_cache, v_cache, topk_ids, page_table, seq_lens, q_len, sm_scale,
-                  out, lse, ws_o, ws_lse, num_splits, interpret):
+                  out, lse, ws_o, ws_lse, num_splits, interpret, num_warps=4, num_stages=2):
     """q/out [T, Hq, d]; lse fp32 [T, Hq] or None; ws_o [T, Hq, S, d] / ws_lse [T, Hq, S] (unused if S == 1)."""
     tokens, hq, d = q.shape
     hkv, page = k_cache.shape[1], k_cache.shape[2]
@@ -222,7 +222,7 @@ def launch_sparse(q, k_cache, v_cache, topk_ids, page_table, seq_lens, q_len, sm
         q_len, num_splits, hq, topk_ids.shape[2], sm_scale * LOG2E,
         G=group, GP=max(16, triton.next_power_of_2(group)), D=d, PAGE=page,
         DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret, PREC=dot_precision(q.dtype, interpret),
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if not direct:
         _merge(ws_o, ws_lse, out, lse, num_splits)

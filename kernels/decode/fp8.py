@@ -20,3 +20,11 @@ def quantize_index_keys(k_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     scale = kf.abs().amax(dim=-1).clamp(min=1e-12) / E4M3_MAX
     k8 = (kf / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return k8, scale.contiguous()
+
+
+def dequantized_index_queries(q_idx: torch.Tensor) -> torch.Tensor:
+    """What ``index_fp8_dot`` scores with: q_idx ``[T, H, d_idx]`` rounded to e4m3 with a per-row scale
+    ``amax(|q|) / 448``, returned dequantised in fp32 (for references and agreement checks)."""
+    qf = q_idx.float()
+    scale = qf.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30) / E4M3_MAX
+    return (qf / scale).to(torch.float8_e4m3fn).float() * scale

@@ -31,7 +31,7 @@ def _indexer_split_kernel(
     q_len, num_splits,
     H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
     KEEP: tl.constexpr, KP: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, PPI: tl.constexpr, FP8_DOT: tl.constexpr,
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -53,8 +53,13 @@ def _indexer_split_kernel(
         q_ptr + tok[:, None].to(tl.int64) * stride_qt + hh[:, None] * stride_qh + dims[None, :],
         mask=row_ok[:, None], other=0.0,
     )
+    q_scale = tl.full([ROWS], 1.0, tl.float32)
     if DOT_FP32:
         q = q.to(tl.float32)
+    elif FP8_DOT:  # e4m3 x e4m3 tensor-core dot: q quantised per row (a positive row factor: same ranking)
+        qf = q.to(tl.float32)
+        q_scale = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-30) / 448.0
+        q = (qf / q_scale[:, None]).to(tl.float8e4nv)
     elif HAS_SCALE:
         q = q.to(tl.float16)  # e4m3 -> fp16 is one native conversion on sm89+; -> bf16 is not
     slot = tl.arange(0, KP)
@@ -62,28 +67,44 @@ def _indexer_split_kernel(
     vals = tl.full([ROWS, KP], float("-inf"), tl.float32)
     vals = tl.where(slot[None, :] < KEEP, vals, float("inf"))
     ids = (-1 - slot)[None, :] + tl.zeros([ROWS, KP], tl.int32)
-    toks = tl.arange(0, PAGE)
-    for p in range(p_lo, p_hi):
-        phys = tl.load(page_table_ptr + r * stride_pt + p).to(tl.int64)
-        keys = tl.load(key_ptr + phys * stride_kp + toks[:, None] * stride_kt + dims[None, :])
+    # PPI pages per iteration: one [PPI * PAGE, d_idx] load and one dot, then PPI table updates
+    tok_i = tl.arange(0, PPI * PAGE)
+    page_of = tok_i // PAGE
+    in_page = tok_i % PAGE
+    pj = tl.arange(0, PPI)
+    for p0 in range(p_lo, p_hi, PPI):
+        tok_page = p0 + page_of
+        tok_ok = tok_page < p_hi
+        phys = tl.load(page_table_ptr + r * stride_pt + tok_page, mask=tok_ok, other=0).to(tl.int64)
+        keys = tl.load(key_ptr + phys[:, None] * stride_kp + in_page[:, None] * stride_kt + dims[None, :],
+                       mask=tok_ok[:, None], other=0.0)
         if DOT_FP32:
             keys = keys.to(tl.float32)
-        else:
+        elif not FP8_DOT:
             keys = keys.to(q.dtype)
-        dots = tl.dot(keys, tl.trans(q), input_precision=PREC)  # [PAGE, ROWS] fp32
+        dots = tl.dot(keys, tl.trans(q), input_precision=PREC)  # [PPI * PAGE, ROWS] fp32
         if HAS_SCALE:
-            tscale = tl.load(scale_ptr + phys * stride_sp + toks)
+            tscale = tl.load(scale_ptr + phys * stride_sp + in_page, mask=tok_ok, other=0.0)
             dots = dots * tscale[:, None]
-        score = tl.max(dots, axis=0)  # [ROWS]
-        score = tl.where(row_ok & (p < local), score, float("-inf"))
-        worst = tl.min(vals, axis=1)
-        is_worst = vals == worst[:, None]
-        victim = tl.max(tl.where(is_worst, ids, -2147483647), axis=1)
-        take = is_worst & (ids == victim[:, None]) & (score > worst)[:, None]
-        vals = tl.where(take, score[:, None], vals)
-        ids = tl.where(take, p, ids)
+        if PPI == 1:
+            page_score = tl.max(dots, axis=0)  # [ROWS]
+        else:
+            page_score = tl.max(tl.reshape(dots, [PPI, PAGE, ROWS]), axis=1)  # [PPI, ROWS]
+        for j in tl.static_range(PPI):
+            p = p0 + j
+            if PPI == 1:
+                score = page_score
+            else:
+                score = tl.max(tl.where(pj[:, None] == j, page_score, float("-inf")), axis=0)
+            score = tl.where(row_ok & (p < local) & (p < p_hi), score, float("-inf"))
+            worst = tl.min(vals, axis=1)
+            is_worst = vals == worst[:, None]
+            victim = tl.max(tl.where(is_worst, ids, -2147483647), axis=1)
+            take = is_worst & (ids == victim[:, None]) & (score > worst)[:, None]
+            vals = tl.where(take, score[:, None], vals)
+            ids = tl.where(take, p, ids)
 
-    vals = tl.where(slot[None, :] < KEEP, vals, float("-inf"))
+    vals = tl.where(slot[None, :] < KEEP, vals * q_scale[:, None], float("-inf"))
     ws_off = ((tok[:, None] * H + hh[:, None]) * num_splits + s) * KP + slot[None, :]
     tl.store(ws_val_ptr + ws_off, vals, mask=row_ok[:, None])
     tl.store(ws_id_ptr + ws_off, ids, mask=row_ok[:, None])
@@ -121,16 +142,23 @@ def _indexer_merge_kernel(
 
 
 def launch_indexer(
-    q_idx, k_idx_cache, k_idx_scale, page_table, seq_lens, q_len, topk, out, ws_val, ws_id, num_splits, interpret
+    q_idx, k_idx_cache, k_idx_scale, page_table, seq_lens, q_len, topk, out, ws_val, ws_id, num_splits, interpret,
+    pages_per_iter=1, fp8_dot=False, num_warps=4, num_stages=None,
 ):
     """Launch both stages. Shapes: q_idx [T, H, d_idx]; out int32 [T, H, topk];
-    ws_val fp32 / ws_id int32 [T, H, num_splits, KP] with KP = next_pow2(topk - 1)."""
+    ws_val fp32 / ws_id int32 [T, H, num_splits, KP] with KP = next_pow2(topk - 1).
+    ``pages_per_iter`` pages are scored per loop iteration (one dot); ``fp8_dot`` (fp8 keys only,
+    not under the interpreter) quantises q_idx to e4m3 per row and dots on the fp8 tensor cores.
+    ``num_stages=None``: 3, fewer when a stage of ``pages_per_iter`` key pages would not fit."""
     num_req = seq_lens.shape[0]
     heads, d_idx = q_idx.shape[1], q_idx.shape[2]
     page = k_idx_cache.shape[1]
     kp = ws_val.shape[-1]
     rows = max(16, triton.next_power_of_2(q_len * heads))
     has_scale = k_idx_scale is not None
+    if num_stages is None:  # keep the pipelined key buffers within ~160 KB of shared memory
+        stage_bytes = pages_per_iter * page * d_idx * k_idx_cache.element_size()
+        num_stages = max(1, min(3, (160 << 10) // stage_bytes))
     scale = k_idx_scale if has_scale else seq_lens  # dummy pointer when unused
     _indexer_split_kernel[(num_req, num_splits)](
         q_idx, k_idx_cache, scale, page_table, seq_lens, ws_val, ws_id,
@@ -139,7 +167,8 @@ def launch_indexer(
         q_len, num_splits,
         H=heads, D=d_idx, PAGE=page, ROWS=rows, KEEP=topk - 1, KP=kp,
         HAS_SCALE=has_scale, DOT_FP32=interpret, PREC=dot_precision(q_idx.dtype, interpret),
-        num_warps=4, num_stages=3,
+        PPI=pages_per_iter, FP8_DOT=bool(fp8_dot and has_scale and not interpret),
+        num_warps=num_warps, num_stages=num_stages,
     )
     _indexer_merge_kernel[(q_idx.shape[0], heads)](
         ws_val, ws_id, seq_lens, out, out.stride(0), out.stride(1), q_len, num_splits,

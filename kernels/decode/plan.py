@@ -22,7 +22,8 @@ import torch
 
 from . import naive, validate
 from .attention_triton import dense_rows, launch_dense, launch_sparse
-from .dispatch import dense_splits, in_graph_capture, indexer_splits, resolve_impl, sparse_splits
+from .dispatch import (dense_splits, in_graph_capture, indexer_splits, indexer_tuning, resolve_impl,
+                       sparse_splits, sparse_tuning)
 from .indexer_triton import launch_indexer
 
 
@@ -125,6 +126,9 @@ class DenseDecodePlan(_DecodePlanBase):
                             out, self.lse, self.ws_o, self.ws_lse, self.attn_splits, self.interpret)
 
 
+_TUNING_KEYS = {"pages_per_iter", "num_warps", "num_stages", "attn_num_warps", "attn_num_stages"}
+
+
 class MSADecodePlan(_DecodePlanBase):
     """MSA decode step: paged indexer (top-k pages per token and KV group) then sparse attention.
 
@@ -133,7 +137,8 @@ class MSADecodePlan(_DecodePlanBase):
     """
 
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
-                 topk: int = 16, index_dim: int = 128, indexer_splits: int | None = None, **kwargs):
+                 topk: int = 16, index_dim: int = 128, indexer_splits: int | None = None,
+                 index_fp8_dot: bool | None = None, tuning: dict | None = None, **kwargs):
         super().__init__(num_q_heads, num_kv_heads, head_dim, page_size, **kwargs)
         if not 2 <= topk <= 64:
             raise ValueError(f"topk must be in 2..64, got {topk}")
@@ -141,6 +146,15 @@ class MSADecodePlan(_DecodePlanBase):
             raise ValueError(f"index_dim must be a power of two >= 16, got {index_dim}")
         self.topk, self.index_dim = topk, index_dim
         self.forced_indexer_splits = indexer_splits
+        # index_fp8_dot: with fp8 keys, also quantise q_idx per row to e4m3 and dot on the fp8 tensor
+        # cores (approximate, like the keys); None = on for fp8 keys on a GPU, False = widen the keys to
+        # fp16 and dot with the fp16 queries; tuning: launch-knob overrides for benchmarks
+        # (indexer: pages_per_iter, num_warps, num_stages; attention: attn_num_warps, attn_num_stages)
+        self.index_fp8_dot = index_fp8_dot
+        self.tuning = dict(tuning or {})
+        unknown = set(self.tuning) - _TUNING_KEYS
+        if unknown:
+            raise ValueError(f"tuning keys must be among {sorted(_TUNING_KEYS)}, got {sorted(unknown)}")
 
     def _allocate(self, num_req: int, max_pages: int, q_len: int) -> None:
         tokens, hkv = num_req * q_len, self.num_kv_heads
@@ -166,8 +180,13 @@ class MSADecodePlan(_DecodePlanBase):
             ref = naive.decode_indexer_ref(q_idx, k_idx_cache, self.page_table, self.seq_lens, q_len, self.topk,
                                            k_idx_scale)
             return self.topk_ids.copy_(ref)
+        fp8_keys = k_idx_scale is not None
+        fp8_dot = fp8_keys and self.index_fp8_dot is not False and not self.interpret
+        knobs = {**indexer_tuning(fp8_keys, fp8_dot), **{k: v for k, v in self.tuning.items()
+                                                         if k in ("pages_per_iter", "num_warps", "num_stages")}}
         return launch_indexer(q_idx, k_idx_cache, k_idx_scale, self.page_table, self.seq_lens, q_len, self.topk,
-                              self.topk_ids, self.ws_val, self.ws_id, self.index_splits, self.interpret)
+                              self.topk_ids, self.ws_val, self.ws_id, self.index_splits, self.interpret,
+                              fp8_dot=fp8_dot, **knobs)
 
     def run_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       topk_ids: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -179,9 +198,10 @@ class MSADecodePlan(_DecodePlanBase):
             ref = naive.sparse_decode_attention_ref(q, k_cache, v_cache, ids, self.page_table, self.seq_lens,
                                                     self.q_len, self.softmax_scale)
             return self._finish_ref(out, *ref)
+        knobs = {**sparse_tuning(), **{k[5:]: v for k, v in self.tuning.items() if k.startswith("attn_")}}
         return launch_sparse(q, k_cache, v_cache, ids, self.page_table, self.seq_lens, self.q_len,
                              self.softmax_scale, out, self.lse, self.ws_o, self.ws_lse, self.attn_splits,
-                             self.interpret)
+                             self.interpret, **knobs)
 
     def run(self, q: torch.Tensor, q_idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             k_idx_cache: torch.Tensor, k_idx_scale: torch.Tensor | None = None,

@@ -74,13 +74,13 @@ def indexer_scores_only_triton(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq
 
 
 def _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, mode,
-                    skip_unchanged=False, num_warps=8, num_stages=3):
+                    skip_unchanged=False, num_warps=8, num_stages=3, tile_rows=_TILE_ROWS):
     from kernels.indexer.triton_indexer import _indexer_fwd_kernel
 
     t, h, d = q_idx.shape
     block = k_idx_cache.shape[1]
     dev = q_idx.device
-    tq = _TILE_ROWS // h
+    tq = tile_rows // h
     tile_req, tile_start = tile_table(cu_seqlens_q, t, tq)
     ids = torch.full((t, h, topk), -7, dtype=torch.int32, device=dev)  # poison: every slot is written
     scores = aux = ids
@@ -94,7 +94,7 @@ def _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, t
         q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, ids, scores, aux,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1), page_table.stride(0),
         ids.stride(0), ids.stride(1), scores.stride(0) if mode == 1 else 0, scores.stride(1) if mode == 1 else 0,
-        1.0 / math.sqrt(d), H=h, D=d, B=block, TOPK=topk, TQ=tq, BLOCK_M=_TILE_ROWS, MODE=mode,
+        1.0 / math.sqrt(d), H=h, D=d, B=block, TOPK=topk, TQ=tq, BLOCK_M=tile_rows, MODE=mode,
         UPCAST=interpreting(), SKIP_UNCHANGED=skip_unchanged, num_warps=num_warps, num_stages=num_stages)
     return {0: ids, 1: scores, 2: aux}[mode]
 

@@ -53,7 +53,8 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           topk_ids: torch.Tensor, *, scale: float | None = None,
                           impl: Literal["auto", "triton", "torch"] = "auto",
                           design: Literal["auto", "tile", "token"] = "auto", tile_q: int | None = None,
-                          check_ids: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                          check_ids: bool = True, out: torch.Tensor | None = None,
+                          lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of packed queries over their selected blocks in the paged KV cache.
 
     q ``[T, Hq, d]``, k_cache / v_cache ``[pages, Hkv, B, d]``, page_table int32 ``[R, max_pages]``,
@@ -66,25 +67,32 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     unions and picks ``tile`` unless the mean union is past the measured break-even
     (``prefer_tile``; one host sync).
     ``check_ids`` validates the ids on the device (one host sync; timing runs turn it off).
+    ``out`` / ``lse``: optional preallocated outputs of those shapes (q's dtype / fp32, contiguous);
+    the kernels write every element (the tests pass NaN-poisoned buffers to prove it).
     """
     impl = _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    t, hq, d = q.shape
     if impl == "torch":
-        return naive.sparse_attention_reference(q, k_cache, v_cache, page_table, cu_seqlens_q,
-                                                seq_lens_kv, topk_ids, scale)
+        ref_out, ref_lse = naive.sparse_attention_reference(q, k_cache, v_cache, page_table, cu_seqlens_q,
+                                                            seq_lens_kv, topk_ids, scale)
+        if out is not None:
+            ref_out = _output(out, (t, hq, d), q.dtype, q.device, "out").copy_(ref_out)
+        if lse is not None:
+            ref_lse = _output(lse, (t, hq), torch.float32, q.device, "lse").copy_(ref_lse)
+        return ref_out, ref_lse
     if design not in ("auto", "tile", "token"):
         raise ValueError(f"{OP}: design must be 'auto', 'tile' or 'token', got {design!r}")
-    t, hq, d = q.shape
-    out = torch.full_like(q, float("nan"))  # poison: every valid row is written
-    lse = torch.full((t, hq), float("nan"), dtype=torch.float32, device=q.device)
+    out = _output(out, (t, hq, d), q.dtype, q.device, "out")
+    lse = _output(lse, (t, hq), torch.float32, q.device, "lse")
     if t == 0:
         return out, lse
     group = hq // k_cache.shape[1]
     tile_q = tile_q or default_tile_q(group)
     tiles = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    union = tile_unions(topk_ids, *tiles, cu_seqlens_q, tile_q) if design != "token" else None
+    union = build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, tile_q) if design != "token" else None
     if design == "auto":  # one host sync: the mean union decides which kernel is faster
-        mean_union = union[1][tiles[0] >= 0].float().mean().item()
+        mean_union = union[2][tiles[0] >= 0].float().mean().item()
         design = "tile" if prefer_tile(mean_union, topk_ids.shape[2], tile_q, group) else "token"
     if design == "token":
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
@@ -94,10 +102,20 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return out, lse
 
 
-# Break-even measured on an H200 (M3 shape, G = 16, TQ = 8, bf16): the tile kernel costs about
-# 0.8 ms per union block per 64K tokens, the per-token kernel 31.6 ms, so it wins below a union
-# of ~2.4 k; per row of MMA work the 128-row tile is ~2.4x as efficient as the 16-row per-token tile.
-_TILE_EFFICIENCY = 2.4
+def _output(buf, shape, dtype, device, name):
+    if buf is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != device or not buf.is_contiguous():
+        raise ValueError(f"{OP}: {name} must be a contiguous {dtype} tensor of shape {shape} on {device}, "
+                         f"got {buf.dtype} {tuple(buf.shape)} on {buf.device}")
+    return buf
+
+
+# Break-even measured on an H200 (M3 shape, G = 16, TQ = 8, bf16, benchmarks/prefill/RESULTS.md run 2):
+# the tile kernel costs about 0.65 ms per union block per 64K tokens (16.8 ms at union 25.0), the
+# per-token kernel 31.3 ms, so it wins below a union of ~3 k; per row of MMA work the 128-row tile
+# is ~3x as efficient as the 16-row per-token tile (2.4x before the run-2 tile kernel).
+_TILE_EFFICIENCY = 3.0
 
 
 def prefer_tile(mean_union: float, topk: int, tile_q: int, group: int) -> bool:
@@ -138,10 +156,10 @@ def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, to
 
 def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, tile_q: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted, de-duplicated union of the selected blocks of each (tile, KV head).
+    """Torch reference of the tile unions: sorted, de-duplicated selected blocks per (tile, KV head).
 
     Returns ``union`` int32 ``[tiles, Hkv, tile_q * k]`` (ascending ids, then -1) and ``count``
-    int32 ``[tiles, Hkv]``. Two segmented sorts on the device, no host sync.
+    int32 ``[tiles, Hkv]``. Two segmented sorts; the kernels use ``build_unions`` (one Triton launch).
     """
     t, hkv, k = topk_ids.shape
     tok = tile_start.long()[:, None] + torch.arange(tile_q, device=topk_ids.device)
@@ -158,6 +176,28 @@ def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torc
     return torch.where(ids == _INT_MAX, -1, ids).contiguous(), count.contiguous()
 
 
+def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int):
+    """Union of the selected blocks of each (tile, KV head), one Triton launch, no host sync.
+
+    Returns ``union`` int32 ``[tiles, Hkv, tile_q * k]`` (distinct logical ids in order of first
+    appearance, then -1), ``pages`` int32 (same shape: their physical pages, 0 after the count)
+    and ``count`` int32 ``[tiles, Hkv]``.
+    """
+    from kernels.sparse_prefill.triton_sparse_attention import _union_kernel
+
+    _, hkv, k = topk_ids.shape
+    n_tiles = tile_req.shape[0]
+    union = torch.empty((n_tiles, hkv, tile_q * k), dtype=torch.int32, device=topk_ids.device)
+    pages = torch.empty_like(union)
+    count = torch.empty((n_tiles, hkv), dtype=torch.int32, device=topk_ids.device)
+    _union_kernel[(n_tiles * hkv,)](
+        topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, count,
+        topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), union.stride(0), union.stride(1),
+        HKV=hkv, TQ=tile_q, TOPK=k, NP=triton_next_pow2(tile_q * k), num_warps=4)
+    return union, pages, count
+
+
 def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
                  num_warps=None, num_stages=2, tiles=None, union=None):
     from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
@@ -166,12 +206,14 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    union, count = union or tile_unions(topk_ids, tile_req, tile_start, cu_seqlens_q, tile_q)
+    union, pages, count = union or build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q)
     block_m = max(16, triton_next_pow2(tile_q * group))
     _tile_kernel[(tile_req.shape[0] * hkv,)](
-        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, topk_ids,
-        union, count, out, lse, *_strides(q, k_cache, v_cache, page_table, topk_ids, out),
-        union.stride(0), union.stride(1), scale * 1.4426950408889634,
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, topk_ids,
+        union, pages, count, out, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), topk_ids.stride(0), topk_ids.stride(1),
+        out.stride(0), out.stride(1), union.stride(0), union.stride(1), scale * 1.4426950408889634,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block, TOPK=topk_ids.shape[2],
         UPCAST=interpreting(), num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=num_stages)
 

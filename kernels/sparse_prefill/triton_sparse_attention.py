@@ -7,10 +7,12 @@ Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
   token's valid selected blocks, one ``[B, d]`` K and V page each.
 * ``_tile_kernel`` (tile sharing): one program per (tile of ``TQ`` consecutive tokens of one
   request, KV head); the MMA rows are ``TQ x G`` (token, head) pairs, so every K/V page loaded
-  serves all the tile's tokens that selected it. It loops over the tile's sorted union of selected
-  blocks; a row takes part in a block only if its token selected it (membership tested against
-  the token's ids held in registers), and the causal mask (``key_pos <= pos``) is applied on
-  every block, which matters on the own block only.
+  serves all the tile's tokens that selected it. It loops over the tile's union of selected
+  blocks (built by ``_union_kernel``, physical pages resolved there, so the loop has no dependent
+  page-table load); a row takes part in a block only if its token selected it (membership tested
+  against the token's ids held in registers, applied as a -inf row bias folded into the scale
+  FMA), and the causal mask (``key_pos <= pos``) is applied only on blocks that reach past the
+  tile's first position (the own block), so other blocks cost what plain flash attention costs.
 
 Rows with nothing visible yet keep ``m = -inf``; the exponent reference is then 0 so that
 ``exp2(-inf - ref) = 0`` and no NaN appears. An empty selection gives ``out = 0``, ``lse = -inf``.
@@ -31,6 +33,18 @@ def _online_update(qk, valid, m_i, l_i, acc, v):
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(qk - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _online_update_masked(s, m_i, l_i, acc, v):
+    """Same as ``_online_update`` for scores already scaled and masked (-inf where not visible)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -91,9 +105,9 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
 
 
 @triton.jit
-def _tile_kernel(Q, KC, VC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UCOUNT, OUT, LSE,
+def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UPAGE, UCOUNT, OUT, LSE,
                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                 stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                 stride_it, stride_ih, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
@@ -112,6 +126,7 @@ def _tile_kernel(Q, KC, VC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UCOU
     head = g * G + rows % G
     row_ok = (rows < TQ * G) & (tok < q_end)
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
+    pos_min = tl.min(tl.where(row_ok, pos, 2147483647), axis=0)
     offs_d = tl.arange(0, D)
     offs_b = tl.arange(0, B)
     tok64 = tok.to(tl.int64)
@@ -125,20 +140,60 @@ def _tile_kernel(Q, KC, VC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UCOU
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    pt_row = PT + req.to(tl.int64) * stride_pt
-    u_row = UNION + tile.to(tl.int64) * stride_ut + g * stride_uh
+    u_off = tile.to(tl.int64) * stride_ut + g * stride_uh
     n_union = tl.load(UCOUNT + tile * HKV + g)
     for u in range(0, n_union):
-        blk = tl.load(u_row + u)
-        page = tl.load(pt_row + blk).to(tl.int64)
+        blk = tl.load(UNION + u_off + u)
+        page = tl.load(UPAGE + u_off + u).to(tl.int64)  # physical page, resolved by the union kernel
         k = tl.load(KC + page * stride_kp + g * stride_kh + offs_b[:, None] * stride_kb + offs_d[None, :])
         v = tl.load(VC + page * stride_vp + g * stride_vh + offs_b[:, None] * stride_vb + offs_d[None, :])
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        # rows whose token did not select this block get a -inf bias, folded into the scale FMA
         member = tl.max((row_ids == blk).to(tl.int32), axis=1) > 0
-        visible = member[:, None] & ((blk * B + offs_b)[None, :] <= pos[:, None])
-        m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
+        s = tl.dot(q, tl.trans(k)) * qk_scale + tl.where(member, 0.0, float("-inf"))[:, None]
+        if blk * B + (B - 1) > pos_min:  # a key of this block lies past some row: causal mask
+            s = tl.where((blk * B + offs_b)[None, :] <= pos[:, None], s, float("-inf"))
+        m_i, l_i, acc = _online_update_masked(s, m_i, l_i, acc, v)
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)
+
+
+@triton.jit
+def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UCOUNT,
+                  stride_it, stride_ih, stride_pt, stride_ut, stride_uh,
+                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, NP: tl.constexpr):
+    """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
+    first appearance (token by token), with the physical page of each block; -1 after ``count``."""
+    pid = tl.program_id(0)
+    tile = pid // HKV
+    g = pid % HKV
+    req = tl.load(TILE_REQ + tile)
+    t0 = tl.load(TILE_START + tile)
+    q_end = tl.where(req >= 0, tl.load(CUQ + tl.maximum(req, 0) + 1), 0)  # surplus tile: nothing valid
+    idx = tl.arange(0, NP)
+    tok = t0 + idx // TOPK
+    ok = (idx < TQ * TOPK) & (tok < q_end)
+    ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
+    # an id is a duplicate if an earlier token of the tile selected it too (a token's ids are distinct)
+    if NP <= 128:  # one all-pairs compare (the H200-measured path of the M3 shape)
+        earlier = tl.max(((ids[:, None] == ids[None, :]) & (idx[None, :] < idx[:, None])).to(tl.int32), axis=1)
+    else:  # TQ compares of [NP, TOPK]: keeps the live tiles small up to TQ * TOPK = 512
+        earlier = tl.zeros([NP], tl.int32)
+        slots = tl.arange(0, TOPK)
+        for jt in tl.static_range(TQ):
+            row = tl.load(IDS + (t0 + jt).to(tl.int64) * stride_it + g * stride_ih + slots,
+                          mask=(slots * 0 + t0 + jt) < q_end, other=-2)
+            hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
+            earlier = tl.where(idx // TOPK > jt, earlier | hit, earlier)
+    keep = (ids >= 0) & (earlier == 0)
+    slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    count = tl.sum(keep.to(tl.int32), axis=0)
+    page = tl.load(PT + tl.maximum(req, 0).to(tl.int64) * stride_pt + ids, mask=keep, other=0)
+    base = tile.to(tl.int64) * stride_ut + g * stride_uh
+    tl.store(UNION + base + slot, ids, mask=keep)
+    tl.store(UPAGE + base + slot, page, mask=keep)
+    tl.store(UNION + base + idx, -1, mask=(idx >= count) & (idx < TQ * TOPK))
+    tl.store(UPAGE + base + idx, 0, mask=(idx >= count) & (idx < TQ * TOPK))
+    tl.store(UCOUNT + pid, count)

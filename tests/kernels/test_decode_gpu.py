@@ -80,11 +80,62 @@ def test_dense_matches_reference_at_m3_sizes(q_len):
 def test_fp8_index_keys_match_reference_on_the_same_quantized_keys():
     case = gpu_case(8, seed=20)
     k8, scale = quantize_index_keys(case.k_idx_cache)
-    plan = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device="cuda")
+    plan = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device="cuda", index_fp8_dot=False)
     plan.plan(case.seq_lens, case.page_table, 8)
     ids = plan.run_indexer(case.q_idx, k8, scale)
     ref = decode_indexer_ref(case.q_idx, k8, case.page_table, case.seq_lens, 8, TOPK, k_idx_scale=scale)
     assert_selection_close(ids, ref, case, scale=scale, keys=k8)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("ppi,warps", [(1, 4), (2, 4), (4, 4), (4, 8)])
+def test_indexer_launch_variants_match_reference(fp8, ppi, warps):
+    """Every pages-per-iteration / warps variant the benchmark sweeps gives the reference's pages
+    (fp8 keys on the fp16-convert path, which scores with the unquantised queries)."""
+    case = gpu_case(8, seed=40 + ppi)
+    keys, scale = quantize_index_keys(case.k_idx_cache) if fp8 else (case.k_idx_cache, None)
+    plan = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device="cuda", index_fp8_dot=False,
+                         tuning=dict(pages_per_iter=ppi, num_warps=warps))
+    plan.plan(case.seq_lens, case.page_table, 8)
+    plan.topk_ids.fill_(-7)
+    ids = plan.run_indexer(case.q_idx, keys, scale)
+    ref = decode_indexer_ref(case.q_idx, keys, case.page_table, case.seq_lens, 8, TOPK, k_idx_scale=scale)
+    assert_selection_close(ids, ref, case, scale=scale, keys=keys)
+
+
+@pytest.mark.parametrize("q_len,tuning", [(1, None), (8, None), (1, dict(pages_per_iter=4, num_warps=4)),
+                                           (1, dict(pages_per_iter=4, num_warps=8))])
+def test_fp8_dot_indexer_matches_reference_with_quantized_queries(q_len, tuning):
+    """fp8 keys default to the fp8 x fp8 dot (queries rounded to e4m3 per row): the reference scores
+    with the same dequantised queries."""
+    from dataclasses import replace
+
+    from kernels.decode.fp8 import dequantized_index_queries
+    case = gpu_case(q_len, seed=50 + q_len)
+    k8, scale = quantize_index_keys(case.k_idx_cache)
+    plan = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device="cuda", tuning=tuning)
+    plan.plan(case.seq_lens, case.page_table, q_len)
+    plan.topk_ids.fill_(-7)
+    ids = plan.run_indexer(case.q_idx, k8, scale)
+    q_deq = dequantized_index_queries(case.q_idx)
+    ref = decode_indexer_ref(q_deq, k8, case.page_table, case.seq_lens, q_len, TOPK, k_idx_scale=scale)
+    assert_selection_close(ids, ref, replace(case, q_idx=q_deq), scale=scale, keys=k8)
+
+
+@pytest.mark.parametrize("splits,stages", [(1, 2), (1, 3), (2, 3), (4, 3)])
+def test_sparse_attention_split_and_stage_variants(splits, stages):
+    case = gpu_case(1, seed=60 + stages)
+    plan = MSADecodePlan(HQ, HKV, D, PAGE, topk=TOPK, index_dim=D_IDX, device="cuda", return_lse=True,
+                         num_splits=splits, tuning=dict(attn_num_stages=stages))
+    plan.plan(case.seq_lens, case.page_table, 1)
+    plan.run_indexer(case.q_idx, case.k_idx_cache)
+    plan.out.fill_(float("nan"))
+    out = plan.run_attention(case.q, case.k_cache, case.v_cache)
+    ref, ref_lse = sparse_decode_attention_ref(case.q, case.k_cache, case.v_cache, plan.topk_ids, case.page_table,
+                                               case.seq_lens, 1)
+    assert not torch.isnan(out).any()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert (plan.lse - ref_lse).abs().max().item() < 1e-3
 
 
 @pytest.mark.parametrize("q_len", [1, 8])

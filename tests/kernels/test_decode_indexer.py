@@ -32,10 +32,11 @@ def assert_selection_invariants(ids: torch.Tensor, seq_lens: list[int], q_len: i
                 assert rows[:, :n].tolist() == [list(range(n))] * rows.shape[0]
 
 
-def run_plan(case, page, topk, splits, k_idx_scale=None, keys=None):
+def run_plan(case, page, topk, splits, k_idx_scale=None, keys=None, pages_per_iter=1):
     heads, d_idx = case.q_idx.shape[1], case.q_idx.shape[2]
     plan = MSADecodePlan(heads, heads, 16, page, topk=topk, index_dim=d_idx, device="cpu",
-                         dtype=case.q_idx.dtype, impl="triton", indexer_splits=splits)
+                         dtype=case.q_idx.dtype, impl="triton", indexer_splits=splits,
+                         tuning=dict(pages_per_iter=pages_per_iter))
     plan.plan(case.seq_lens, case.page_table, case.q_len)
     plan.topk_ids.fill_(SENTINEL)
     plan.ws_id.fill_(WS_SENTINEL)
@@ -44,18 +45,20 @@ def run_plan(case, page, topk, splits, k_idx_scale=None, keys=None):
 
 
 @pytest.mark.parametrize(
-    "seq_lens,q_len,heads,d_idx,topk,splits",
+    "seq_lens,q_len,heads,d_idx,topk,splits,ppi",
     [
-        ([1, 63, 64, 65, 700, 1500], 1, 1, 32, 4, 3),  # short and long, shorter than a page, G=any
-        ([8, 60, 130, 1200, 520], 8, 4, 64, 5, 2),  # MTP crossing a page boundary, k not a power of 2
-        ([16, 1100, 300], 16, 2, 32, 6, 5),  # q_len 16, more splits than some requests' pages
+        ([1, 63, 64, 65, 700, 1500], 1, 1, 32, 4, 3, 1),  # short and long, shorter than a page, G=any
+        ([8, 60, 130, 1200, 520], 8, 4, 64, 5, 2, 2),  # MTP crossing a page boundary, k not a power of 2
+        ([16, 1100, 300], 16, 2, 32, 6, 5, 4),  # q_len 16, more splits than some requests' pages
     ],
 )
-def test_indexer_matches_reference_and_never_touches_own_or_later_pages(seq_lens, q_len, heads, d_idx, topk, splits):
+def test_indexer_matches_reference_and_never_touches_own_or_later_pages(seq_lens, q_len, heads, d_idx, topk, splits,
+                                                                        ppi):
+    """ppi = pages scored per loop iteration (a split's last iteration is then partly masked)."""
     page = 64
     case = make_decode_case(seq_lens, q_len, heads, heads, 16, page, d_idx, max_pages=30,
                             seed=len(seq_lens) + q_len, poison=True)
-    plan, ids = run_plan(case, page, topk, splits)
+    plan, ids = run_plan(case, page, topk, splits, pages_per_iter=ppi)
     ref = decode_indexer_ref(case.q_idx, case.k_idx_cache, case.page_table, case.seq_lens, q_len, topk)
     assert (ids != SENTINEL).all()
     # poisoned pages (own page of the last query and later, spare page) would win every top-k if read
@@ -72,8 +75,9 @@ def test_indexer_ties_go_to_smaller_page_ids():
     case = make_decode_case([64 * 12 + 3], 1, 2, 2, 16, page, 32, seed=3)
     case.q_idx.zero_()
     case.k_idx_cache.zero_()
-    _, ids = run_plan(case, page, topk, splits=4)
-    assert ids[0].tolist() == [[0, 1, 2, 3, 12]] * 2
+    for ppi in (1, 4):  # ties inside one multi-page iteration too
+        _, ids = run_plan(case, page, topk, splits=4, pages_per_iter=ppi)
+        assert ids[0].tolist() == [[0, 1, 2, 3, 12]] * 2
 
 
 def test_indexer_fp8_keys_match_reference_on_same_quantized_keys():

@@ -5,7 +5,8 @@ import torch
 from kernels.indexer import naive as indexer_naive
 from kernels.sparse_prefill import msa_prefill_attention
 from kernels.sparse_prefill.naive import dense_causal_reference, sparse_attention_reference
-from kernels.sparse_prefill.op import prefer_tile
+from kernels._common.tiles import tile_table
+from kernels.sparse_prefill.op import build_unions, prefer_tile, tile_unions
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -17,6 +18,9 @@ def _ids(case, topk):
 
 
 def _run(case, ids, **kw):
+    if kw.get("impl") != "torch":  # NaN-poisoned outputs: every element must be written
+        kw.setdefault("out", torch.full_like(case["q"], float("nan")))
+        kw.setdefault("lse", torch.full(case["q"].shape[:2], float("nan"), device=case["q"].device))
     return msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"],
                                  case["cu_seqlens_q"], case["seq_lens_kv"], ids, **kw)
 
@@ -86,6 +90,22 @@ def test_empty_selection_gives_zero_and_minus_inf(paged_case, design):
     assert_attention_close(out, lse, *_reference(case, ids))
 
 
+def test_union_kernel_matches_torch_unions(paged_case):
+    case = paged_case([45, 7, 33], [300, 7, 200], hkv=2, group=3, d=64, block=64, device=DEV)
+    ids = _ids(case, 8)
+    ids[50, 1] = -1  # a token with an empty selection in one head
+    tiles = tile_table(case["cu_seqlens_q"], 85, 8, longest_first=False)
+    union, pages, count = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8)
+    ref, ref_count = tile_unions(ids, *tiles, case["cu_seqlens_q"], 8)
+    assert torch.equal(count, ref_count)
+    big = torch.iinfo(torch.int32).max
+    assert torch.equal(torch.where(union < 0, big, union).sort(-1).values, torch.where(ref < 0, big, ref).sort(-1).values)
+    valid = union >= 0
+    assert (valid.sum(-1) == count).all() and (union[~valid] == -1).all()
+    req = tiles[0].long().clamp(min=0)[:, None, None].expand_as(union)
+    assert torch.equal(pages[valid], case["page_table"][req[valid], union[valid].long()])
+
+
 def test_auto_design_follows_the_measured_break_even():
     # H200 measurements (benchmarks/prefill/RESULTS.md): M3 shape, structured selections (union 25
     # blocks per tile of 8 tokens) ran faster tiled, random ones (union 88) faster per token;
@@ -111,12 +131,13 @@ def _case_for_errors(paged_case):
     (lambda c, ids: ids.__setitem__((3, 0, 0), 99), "out-of-range"),
     (lambda c, ids: ids.__setitem__((25, 1, 0), ids[25, 1, 1].item()), "must not repeat"),
     (lambda c, ids: ids.__setitem__((25, 1, 0), -1), "valid prefix"),
+    (lambda c, ids: c.update(out=torch.zeros(30, 6, 64)), "out must be a contiguous"),
 ])
 def test_rejects_bad_input(paged_case, edit, match):
     case, ids = _case_for_errors(paged_case)
     edit(case, ids)
     with pytest.raises(ValueError, match=match):
-        _run(case, ids, impl="torch")
+        _run(case, ids, impl="torch", **({"out": case.pop("out")} if "out" in case else {}))
 
 
 def test_rejects_wrong_ids_shape_and_topk(paged_case):
@@ -127,6 +148,20 @@ def test_rejects_wrong_ids_shape_and_topk(paged_case):
         _run(case, torch.cat([ids, ids[..., :1]], -1), impl="torch")
     with pytest.raises(ValueError, match="topk_ids must be one of"):
         _run(case, ids.long(), impl="torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("num_stages", [2, 3])
+def test_tile_kernel_gpu_pipelining_depths(paged_case, num_stages):
+    from kernels.sparse_prefill.op import _launch_tile
+    case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=5)
+    ids = _ids(case, 16)
+    out = torch.full_like(case["q"], float("nan"))
+    lse = torch.full(case["q"].shape[:2], float("nan"), device="cuda")
+    _launch_tile(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                 case["seq_lens_kv"], ids, out, lse, case["q"].shape[-1] ** -0.5, 8, num_stages=num_stages)
+    assert_attention_close(out, lse, *_reference(case, ids))
 
 
 @pytest.mark.gpu
