@@ -135,6 +135,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -101,3 +101,6 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
         raise ApiError(400, "suffix is not supported", param="suffix")
     if isinstance(req, ChatCompletionRequest) and req.logprobs:
         raise ApiError(400, "logprobs are supported on /v1/completions only", param="logprobs")
+    if isinstance(req, ChatCompletionRequest) and req.response_format and req.response_format.get("type") != "text":
+        raise ApiError(400, "response_format other than {'type': 'text'} is not supported (no constrained decoding)",
+                       param="response_format")

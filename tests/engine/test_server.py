@@ -178,6 +178,9 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(base_url, client):
         ({"model": MODEL, "messages": msg, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
          400, "object"),
         ({"model": MODEL, "messages": msg, "n": 2}, 400, "n=1"),
+        ({"model": MODEL, "messages": msg, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         400, "messages"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
     ]
     for body, status, needle in cases:
