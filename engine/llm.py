@@ -11,7 +11,7 @@ import torch
 
 from engine.attention import ATTENTION_KINDS, DenseAttention
 from engine.errors import ContextTooLongError, EngineError
-from engine.kv_cache import CacheConfig, KVCache
+from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
 from engine.llm_engine import LLMEngine
 from engine.loader import load
 from engine.model import CausalLM
@@ -38,7 +38,8 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m", attention: str = "dense", device: str | None = None,
                  dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None,
-                 page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None):
+                 page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
+                 cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9):
         if attention not in ATTENTION_KINDS:
             raise EngineError(f"unknown attention '{attention}': use one of {', '.join(ATTENTION_KINDS)}")
         self.device = torch.device(device) if device else default_device()
@@ -61,12 +62,21 @@ class LLM:
         self.msa = None
         attn, index_layers, index_dim, B = self._make_attention(attention, loaded, page_size, msa_overrides)
         del loaded
-        tokens = kv_cache_tokens or int(os.environ.get("MSA_EVAL_KV_TOKENS", 0)) or max(2 * self.max_model_len, 32768)
+        tokens = kv_cache_tokens or int(os.environ.get("MSA_EVAL_KV_TOKENS", 0))
+        if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
+            per_token = bytes_per_token(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
+                                        self.dtype, index_dim, len(index_layers))
+            tokens = tokens_for_free_memory(per_token, self.device, gpu_memory_fraction)
+            if tokens < self.max_model_len:
+                raise EngineError(f"free GPU memory holds a KV cache of {tokens} tokens, less than the context "
+                                  f"{self.max_model_len}: lower max_model_len or free GPU memory")
+        tokens = tokens or max(2 * self.max_model_len, 32768)
         cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.dtype)
         self.cache = KVCache(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,
-                                SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.max_model_len, self.device)
+                                SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.max_model_len, self.device,
+                                cuda_graphs=cuda_graphs)
         self._ids = itertools.count()
 
     def _make_attention(self, attention: str, loaded, page_size: int | None, msa_overrides: dict | None):

@@ -1,20 +1,26 @@
 """The step loop: schedule -> pack -> forward -> sample -> stop checks.
 
+On a GPU, decode steps replay CUDA graphs (`engine.gpu.graph_runner`) when the attention is
+capturable and `cuda_graphs` is on; everything else (prefill chunks, mixed steps, graphs off)
+runs eagerly. Greedy rows are sampled together on the device (one argmax, one host copy).
+
 `LLMEngine` is single-threaded; the offline `LLM.generate` and the HTTP server both drive it
 through `add_request` / `step` / `abort`.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
 import torch
 
-from engine.attention.meta import AttentionMeta
+from engine.attention.meta import AttentionMeta, DecodeShapes
 from engine.errors import ContextTooLongError
 from engine.kv_cache import BlockManager, KVCache
 from engine.model import CausalLM
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingParams
+from engine.gpu.sampler import sample_batch
 from engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
@@ -30,9 +36,16 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, attention, cache: KVCache,
-                 sched_cfg: SchedulerConfig, max_model_len: int, device: torch.device):
+                 sched_cfg: SchedulerConfig, max_model_len: int, device: torch.device, cuda_graphs: bool = True):
         self.model, self.tokenizer, self.attention, self.cache = model, tokenizer, attention, cache
         self.device, self.max_model_len = device, max_model_len
+        cfg = model.cfg
+        self.shapes = DecodeShapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.page_size, cache.cfg.dtype,
+                                   device)
+        # CUDA graphs for decode when on a GPU and the attention promises capturable layer calls
+        self.use_cuda_graphs = bool(cuda_graphs and device.type == "cuda"
+                                    and getattr(attention, "supports_cuda_graphs", False))
+        self.graph_runner = None
         self.blocks = BlockManager(cache.cfg.num_pages, cache.page_size)
         self.scheduler = Scheduler(sched_cfg, self.blocks)
         self.seqs: dict[str, Sequence] = {}
@@ -67,34 +80,83 @@ class LLMEngine:
         return self.seqs.pop(request_id)
 
     # -- one step -------------------------------------------------------------------------
+    @staticmethod
+    def _tokens(seq: Sequence, start: int, end: int) -> list[int]:
+        n = len(seq.prompt_ids)
+        if end <= n:
+            return seq.prompt_ids[start:end]
+        if start >= n:
+            return seq.output_ids[start - n:end - n]
+        return seq.prompt_ids[start:] + seq.output_ids[:end - n]
+
     def _pack(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMeta]:
         ids, pos, slot_p, slot_o, cu = [], [], [], [], [0]
-        q_lens, kv_lens, page_lists = [], [], []
+        q_lens, kv_lens, page_lists, tables = [], [], [], []
         B = self.cache.page_size
         for c in chunks:
-            table = self.blocks.tables[c.seq.request_id]
-            toks = c.seq.all_ids[c.start:c.start + c.length]
-            p = list(range(c.start, c.start + c.length))
-            ids += toks
-            pos += p
-            slot_p += [table[i // B] for i in p]
-            slot_o += [i % B for i in p]
+            rid, end = c.seq.request_id, c.start + c.length
+            table = self.blocks.tables[rid]
+            ids += self._tokens(c.seq, c.start, end)
+            if c.length == 1:
+                pos.append(c.start)
+                slot_p.append(table[c.start // B])
+                slot_o.append(c.start % B)
+            else:
+                p = torch.arange(c.start, end)
+                pos.append(p)
+                slot_p.append(self.blocks.table_tensor(rid)[p // B].long())
+                slot_o.append(p % B)
             cu.append(cu[-1] + c.length)
             q_lens.append(c.length)
-            kv_lens.append(c.start + c.length)
-            page_lists.append(table[: -(-(c.start + c.length) // B)])
+            kv_lens.append(end)
+            n_pages = -(-end // B)
+            page_lists.append(table[:n_pages])
+            tables.append(self.blocks.table_tensor(rid)[:n_pages])
         dev = self.device
-        max_pages = max(len(p) for p in page_lists)
-        pt = torch.full((len(chunks), max_pages), -1, dtype=torch.int32)
-        for r, p in enumerate(page_lists):
-            pt[r, : len(p)] = torch.tensor(p, dtype=torch.int32)
+        pt = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True, padding_value=-1)
+        lens = torch.tensor(kv_lens, dtype=torch.int32)
+
+        def cat(parts: list) -> torch.Tensor:
+            return torch.cat([torch.as_tensor(x, dtype=torch.long).reshape(-1) for x in parts]).to(dev)
+
         meta = AttentionMeta(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens_kv=torch.tensor(kv_lens, dtype=torch.int32, device=dev),
-            page_table=pt.to(dev), slot_pages=torch.tensor(slot_p, device=dev),
-            slot_offsets=torch.tensor(slot_o, device=dev), q_lens=q_lens, kv_lens=kv_lens,
-            page_lists=page_lists, is_decode=all(q == 1 for q in q_lens))
-        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev), seq_lens_kv=lens.to(dev),
+            page_table=pt.to(dev), slot_pages=cat(slot_p), slot_offsets=cat(slot_o), q_lens=q_lens,
+            kv_lens=kv_lens, page_lists=page_lists, is_decode=all(q == 1 for q in q_lens),
+            seq_lens_host=lens, page_table_host=pt)
+        return torch.tensor(ids, device=dev), cat(pos), meta
+
+    def _forward_logits(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor | None, AttentionMeta]:
+        """Logits `[n_sampling_chunks, vocab]` fp32 of the rows that sample this step."""
+        sampling = [i for i, c in enumerate(chunks) if c.samples]
+        if self._graphs_usable(chunks):
+            B = self.cache.page_size
+            rows = [(self._tokens(c.seq, c.start, c.start + 1)[0], c.start,
+                     self.blocks.tables[c.seq.request_id][c.start // B], c.start % B) for c in chunks]
+            tables = [self.blocks.table_tensor(c.seq.request_id)[: c.start // B + 1] for c in chunks]
+            pt = torch.nn.utils.rnn.pad_sequence(tables, batch_first=True, padding_value=-1)
+            lens = torch.tensor([c.start + 1 for c in chunks], dtype=torch.int32)
+            logits, meta = self.graph_runner.run(rows, lens, pt)
+            return (logits[sampling] if len(sampling) < len(chunks) else logits), meta
+        input_ids, positions, meta = self._pack(chunks)
+        if meta.is_decode and self.device.type == "cuda" and hasattr(self.attention, "plan_decode"):
+            self.attention.plan_decode(meta, self.shapes, key="eager")
+        h = self.model.hidden_states(input_ids, positions, meta, self.cache, self.attention)
+        ends = list(itertools.accumulate(meta.q_lens))
+        rows = [ends[i] - 1 for i in sampling]
+        return (self.model.logits(h[rows]) if rows else None), meta
+
+    def _graphs_usable(self, chunks: list[ScheduledChunk]) -> bool:
+        if not self.use_cuda_graphs or any(c.length != 1 for c in chunks):
+            return False
+        if self.graph_runner is None:
+            from engine.gpu.graph_runner import DecodeGraphRunner
+
+            max_pages = -(-self.max_model_len // self.cache.page_size)
+            self.graph_runner = DecodeGraphRunner(self.model, self.cache, self.attention, self.shapes,
+                                                  self.scheduler.cfg.max_num_seqs, max_pages)
+        pages = max(c.start // self.cache.page_size + 1 for c in chunks)
+        return self.graph_runner.can_run(len(chunks), pages)
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
@@ -105,20 +167,16 @@ class LLMEngine:
         for c in chunks:
             if c.seq.first_scheduled is None:
                 c.seq.first_scheduled = now
-        input_ids, positions, meta = self._pack(chunks)
-        h = self.model.hidden_states(input_ids, positions, meta, self.cache, self.attention)
-        rows = [int(meta.cu_seqlens_q[i + 1]) - 1 for i, c in enumerate(chunks) if c.samples]
-        logits = self.model.logits(h[rows]) if rows else None
+        logits, meta = self._forward_logits(chunks)
         self._account_stats(chunks, meta)
+        samplers = [c for c in chunks if c.samples]
+        toks = sample_batch(logits, [c.seq.params for c in samplers], [c.seq.generator for c in samplers]) \
+            if samplers else []
         outs: list[StepOutput] = []
-        li = 0
         for c in chunks:
+            c.seq.num_computed += c.length
+        for c, tok in zip(samplers, toks):
             seq = c.seq
-            seq.num_computed += c.length
-            if not c.samples:
-                continue
-            tok = sample(logits[li], seq.params, seq.generator)
-            li += 1
             seq.output_ids.append(tok)
             if seq.first_token is None:
                 seq.first_token = time.perf_counter()

@@ -2,7 +2,9 @@
 
 Tokens are packed `[T]` across requests; K/V go to the paged cache; attention goes through
 one dispatch object (`engine.attention`). Q/K/V and gate/up projections are fused into one
-matmul each. Logits are computed only for the rows the caller asks for.
+matmul each. Logits are computed only for the rows the caller asks for. The small ops between
+the matmuls go through `engine.gpu.ops` (torch references on the CPU, fused Triton kernels on a
+GPU: residual add + RMSNorm, RoPE + KV-cache write, SwiGLU).
 """
 from __future__ import annotations
 
@@ -12,14 +14,13 @@ from torch import nn
 
 from engine.attention.meta import AttentionMeta
 from engine.config import ModelConfig
+from engine.gpu.ops import rms_norm as rms_norm_op, rms_norm_ref, rope_cache, silu_mul
 from engine.kv_cache import KVCache
 from engine.rope import RotaryEmbedding, apply_rope
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * w.float()).to(x.dtype)
+    return rms_norm_ref(x, w, eps)
 
 
 class DecoderLayer(nn.Module):
@@ -51,17 +52,31 @@ class DecoderLayer(nn.Module):
             q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, meta: AttentionMeta, cache: KVCache, attn, positions) -> torch.Tensor:
-        h = rms_norm(x, self.in_norm, self.cfg.rms_eps)
+    def _q_and_cache(self, h: torch.Tensor, cos, sin, meta: AttentionMeta, kc, vc) -> torch.Tensor:
+        """Project, rotate, write K/V into the cache slots; return q `[T, Hq, d]`."""
+        cfg = self.cfg
+        if self.q_norm is None:  # fused RoPE + cache write (one kernel on a GPU)
+            qkv = F.linear(h, self.qkv, self.qkv_bias)
+            return rope_cache(qkv, cos, sin, kc, vc, meta.slot_pages, meta.slot_offsets, cfg.num_heads,
+                              cfg.num_kv_heads)
         q, k, v = self.qkv_proj(h, cos, sin)
-        kc, vc = cache.k[self.idx], cache.v[self.idx]
         kc[meta.slot_pages, :, meta.slot_offsets] = k.to(kc.dtype)
         vc[meta.slot_pages, :, meta.slot_offsets] = v.to(vc.dtype)
+        return q
+
+    def forward(self, x, delta, cos, sin, meta: AttentionMeta, cache: KVCache, attn, positions):
+        """Residual stream x `[T, hidden]` plus the previous layer's pending output `delta` (None for
+        the first layer); returns (x, this layer's MLP output) so the add fuses into the next norm."""
+        eps = self.cfg.rms_eps
+        if delta is None:
+            h = rms_norm_op(x, self.in_norm, eps)
+        else:
+            h, x = rms_norm_op(delta, self.in_norm, eps, residual=x)
+        kc, vc = cache.k[self.idx], cache.v[self.idx]
+        q = self._q_and_cache(h, cos, sin, meta, kc, vc)
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
-        x = x + F.linear(o.reshape(o.shape[0], -1), self.o_proj)
-        h = rms_norm(x, self.post_norm, self.cfg.rms_eps)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down)
+        h, x = rms_norm_op(F.linear(o.reshape(o.shape[0], -1), self.o_proj), self.post_norm, eps, residual=x)
+        return x, F.linear(silu_mul(F.linear(h, self.gate_up)), self.down)
 
 
 class CausalLM(nn.Module):
@@ -110,9 +125,10 @@ class CausalLM(nn.Module):
                       cache: KVCache, attn) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.rope(positions)
+        delta = None
         for layer in self.layers:
-            x = layer(x, cos, sin, meta, cache, attn, positions)
-        return rms_norm(x, self.norm, self.cfg.rms_eps)
+            x, delta = layer(x, delta, cos, sin, meta, cache, attn, positions)
+        return rms_norm_op(delta, self.norm, self.cfg.rms_eps, residual=x)[0]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         w = self.embed if self.lm_head is None else self.lm_head

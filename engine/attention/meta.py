@@ -1,9 +1,21 @@
-"""Per-step batch metadata shared by every layer's attention."""
+"""Per-step batch metadata shared by every layer's attention, and the decode-plan hook."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
+
+
+class DecodeShapes(NamedTuple):
+    """What an attention needs to build its decode plans (given once per step to `plan_decode`)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: torch.dtype
+    device: torch.device
 
 
 @dataclass
@@ -13,7 +25,16 @@ class AttentionMeta:
     `cu_seqlens_q` int32 `[R+1]`, `seq_lens_kv` int32 `[R]` (KV length including this step's
     tokens), `page_table` int32 `[R, max_pages]` (-1 unused), `slot_pages`/`slot_offsets`
     int64 `[T]` (where each new token's K/V is written). Python copies of the lengths are kept
-    so the CPU path never syncs.
+    so the CPU path never syncs; `seq_lens_host` / `page_table_host` are CPU int32 copies of
+    the two tensors (decode plans validate and copy them without a device sync).
+
+    Decode-plan hook (GPU): an attention object may define `plan_decode(meta, shapes, key)`. The
+    engine calls it once per decode step, outside any CUDA-graph capture; it fills the plan's
+    buffers from the host copies and sets `meta.decode_plan` (or anything it needs) for its layer
+    calls. `key` names the plan: a captured batch size, or "eager". An attention that also sets
+    `supports_cuda_graphs = True` promises its layer call is capturable given that hook (no host
+    syncs, no allocation that depends on values); the engine then replays decode steps from CUDA
+    graphs, with rows padded to the captured size (padded rows: seq_len 1 on the scratch page).
     """
 
     cu_seqlens_q: torch.Tensor
@@ -27,6 +48,10 @@ class AttentionMeta:
     is_decode: bool = False  # every request has exactly one new token... or q_len new draft tokens
     # MSA statistics (filled by MSA layers when asked): keys read / dense keys, per request
     stats: dict[str, list[float]] = field(default_factory=dict)
+    seq_lens_host: torch.Tensor | None = None
+    page_table_host: torch.Tensor | None = None
+    decode_plan: Any = None  # set by the attention's plan_decode (GPU decode steps)
+    in_graph: bool = False  # this forward is captured / replayed as a CUDA graph
 
     @property
     def num_requests(self) -> int:

@@ -1,0 +1,150 @@
+"""Decode speed of the engine on one GPU: the 8B-shape bandwidth roofline at batch 1 / 4K context,
+and our engine against HF transformers (same GPU, same run) at batch 1 and 8 for the default model
+and the 8B shape.
+
+    python3 benchmarks/engine_gpu/bench_decode.py --out $OUT --gguf /root/models/smollm2.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+import torch
+
+from benchmarks.engine_gpu.common import (copy_bandwidth, env_info, fake_prefill, kv_bytes_per_token, random_prompt,
+                                          save, stack_engine, timed_steps, weight_bytes_per_token)
+
+
+def roofline(rows: list[dict], bw: float, ctx: int, steps: int) -> None:
+    for graphs in (True, False):
+        eng, model = stack_engine("llama-3.1-8b", "dense", kv_tokens=ctx + 2 * steps + 256, max_num_seqs=1,
+                                  max_model_len=ctx + 2 * steps + 128, cuda_graphs=graphs)
+        fake_prefill(eng, 1, ctx, max_tokens=steps + 8)
+        t = statistics.median(timed_steps(eng, steps))
+        need = weight_bytes_per_token(model) + kv_bytes_per_token(model.cfg, ctx)
+        rows.append({"bench": "roofline", "shape": "llama-3.1-8b", "batch": 1, "ctx": ctx, "graphs": graphs,
+                     "step_ms": t * 1e3, "tok_s": 1 / t, "bytes_per_token": need,
+                     "roofline_tok_s": bw / need, "frac_roofline": (need / t) / bw})
+        print(rows[-1], flush=True)
+        del eng, model
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def ours_decode(eng, batch: int, prompt: int, new: int, vocab: int) -> float:
+    """Decode tokens/s of our engine: `batch` prompts of `prompt` tokens, `new` tokens each."""
+    from engine.sampling import SamplingParams
+
+    for i in range(batch):
+        eng.add_request(f"b{batch}-{i}-{time.time_ns()}", random_prompt(prompt, vocab, i),
+                        SamplingParams(max_tokens=new, ignore_eos=True))
+    eng.step()  # the whole batch prefills in one step and samples its first tokens
+    torch.cuda.synchronize()
+    t0, steps = time.perf_counter(), 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+    return batch * steps / (time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int) -> float:
+    ids = torch.tensor([random_prompt(prompt, vocab, i) for i in range(batch)], device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def run(n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        assert out.shape[1] == prompt + n
+        return time.perf_counter() - t
+
+    run(4)  # warm-up
+    t1, tn = run(1), run(new)
+    return batch * (new - 1) / (tn - t1)
+
+
+def hf_from_config(cfg, weights=None):
+    import transformers
+
+    hc = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_position, rms_norm_eps=cfg.rms_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings)
+    hc._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        m = transformers.LlamaForCausalLM(hc).to(torch.bfloat16)
+    if weights is not None:
+        missing, unexpected = m.load_state_dict({k: v for k, v in weights.items() if k in m.state_dict()}, strict=False)
+        assert not [k for k in missing if "lm_head" not in k], missing
+    return m.eval()
+
+
+def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int) -> None:
+    from engine import LLM
+
+    cases = []
+    if gguf:
+        cases.append("default")
+    cases.append("llama-3.1-8b")
+    for case in cases:
+        if case == "default":
+            from engine.loader import load
+
+            llm = LLM(gguf, device="cuda", dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=8192,
+                      kv_cache_tokens=65536, progress=False)
+            eng, cfg = llm.engine, llm.config
+            hf = hf_from_config(cfg, load(gguf, progress=False).weights)
+        else:
+            eng, model = stack_engine(case, "dense", kv_tokens=8 * (prompt + new) + 4096, max_num_seqs=8,
+                                      max_model_len=4096)
+            cfg = model.cfg
+            hf = hf_from_config(cfg)
+        for batch in (1, 8):
+            ours_decode(eng, batch, prompt, 8, cfg.vocab_size)  # warm-up: graph capture for this size
+            a = ours_decode(eng, batch, prompt, new, cfg.vocab_size)
+            b = hf_decode(hf, batch, prompt, new, cfg.vocab_size)
+            rows.append({"bench": "vs_hf", "model": case, "batch": batch, "prompt": prompt, "new": new,
+                         "ours_tok_s": a, "hf_tok_s": b, "speedup": a / b})
+            print(rows[-1], flush=True)
+        del eng, hf
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gguf", default=None)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: roofline, hf")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file name")
+    args = ap.parse_args()
+    rows: list[dict] = [{"bench": "env", **env_info()}]
+    bw = copy_bandwidth()
+    rows.append({"bench": "copy_bandwidth", "bytes_per_s": bw})
+    print(rows, flush=True)
+    sections = {"roofline": lambda: roofline(rows, bw, args.ctx, args.steps),
+                "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new)}
+    for name, fn in sections.items():
+        if name in args.skip.split(","):
+            continue
+        try:
+            fn()
+        except Exception as e:  # keep the other sections' numbers
+            import traceback
+
+            traceback.print_exc()
+            rows.append({"bench": "error", "error": repr(e)})
+        save(f"{args.out}/decode{args.tag}.json", rows)
+
+
+if __name__ == "__main__":
+    main()

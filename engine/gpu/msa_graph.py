@@ -1,0 +1,83 @@
+"""MSA attention with capturable decode: the engine's `MSAAttention` (engine/attention/msa.py, its
+prefill path unchanged) plus the decode-plan hook, so decode steps replay from CUDA graphs.
+
+Per decode step `plan_decode` fills one `kernels.decode.MSADecodePlan` (indexer + sparse
+attention over the top-k pages) and one `DenseDecodePlan` (the configured dense layers); each
+layer call then only projects the index q/k, writes the index key into the paged index-K cache
+and launches the plan's kernels: no host sync, no allocation, so the call is capturable.
+The per-request statistics (`keys_read`, `keys_dense`) are computed in closed form once per
+step from the lengths (not per position in Python), outside the graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.meta import AttentionMeta, DecodeShapes
+from engine.attention.msa import MSAAttention
+
+
+@dataclass
+class MSADecodePlans:
+    msa: object  # kernels.decode.MSADecodePlan
+    dense: object | None  # kernels.decode.DenseDecodePlan, when some layers stay dense
+
+
+def keys_read_closed_form(q_lens: list[int], kv_lens: list[int], block: int, topk: int) -> tuple[list[int], list[int]]:
+    """Per request, summed over its query positions p in [kv - q, kv): keys one MSA layer reads,
+    `(min(k, p // B + 1) - 1) * B + p % B + 1`, and keys dense attention reads, `p + 1`."""
+    read, dense = [], []
+    for ql, kl in zip(q_lens, kv_lens):
+        if ql <= 64:  # decode: a few Python ints per request (this runs every step)
+            read.append(sum((min(topk, p // block + 1) - 1) * block + p % block + 1 for p in range(kl - ql, kl)))
+        else:
+            p = torch.arange(kl - ql, kl, dtype=torch.int64)
+            read.append(int(((torch.clamp(p // block + 1, max=topk) - 1) * block + p % block + 1).sum()))
+        dense.append((kl - ql + 1 + kl) * ql // 2)
+    return read, dense
+
+
+class GraphMSAAttention(MSAAttention):
+    supports_cuda_graphs = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._plans: dict = {}
+
+    def _fill_stats(self, meta: AttentionMeta) -> None:
+        n_msa = len(self.msa_layers)
+        n_dense = self.num_layers - n_msa
+        r, d = keys_read_closed_form(meta.q_lens, meta.kv_lens, self.msa.block_size, self.msa.topk)
+        meta.stats["keys_read"] = [float(n_msa * a + n_dense * b) for a, b in zip(r, d)]
+        meta.stats["keys_dense"] = [float(self.num_layers * b) for b in d]
+
+    def plan_decode(self, meta: AttentionMeta, shapes: DecodeShapes, key="eager") -> None:
+        from kernels.decode import DenseDecodePlan, MSADecodePlan
+
+        plans = self._plans.get(key)
+        if plans is None:
+            common = dict(device=shapes.device, dtype=shapes.dtype, softmax_scale=self.scale)
+            dims = (shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size)
+            plans = self._plans[key] = MSADecodePlans(
+                MSADecodePlan(*dims, topk=self.msa.topk, index_dim=self.msa.d_idx, **common),
+                DenseDecodePlan(*dims, **common) if len(self.msa_layers) < self.num_layers else None)
+        plans.msa.plan(meta.seq_lens_host, meta.page_table_host, 1)
+        if plans.dense is not None:
+            plans.dense.plan(meta.seq_lens_host, meta.page_table_host, 1)
+        meta.decode_plan = plans
+        self._fill_stats(meta)
+
+    def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 cache, positions: torch.Tensor, **kw: object) -> torch.Tensor:
+        plans = meta.decode_plan
+        if not isinstance(plans, MSADecodePlans):  # prefill chunks, mixed steps, CPU: the engine's path
+            return super().__call__(layer, q, k_cache, v_cache, meta, hidden=hidden, cos=cos, sin=sin,
+                                    cache=cache, positions=positions, **kw)
+        if layer not in self.msa_layers:
+            return plans.dense.run(q, k_cache, v_cache)
+        q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
+        kic = cache.k_idx[layer]
+        kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
+        return plans.msa.run(q, q_idx.to(kic.dtype), k_cache, v_cache, kic)

@@ -1,0 +1,170 @@
+"""Fused small ops of the decoder hot path: residual-add + RMSNorm, RoPE + KV-cache write, SwiGLU.
+
+Each op has a torch reference (the CPU path, bit-identical to the unfused model code) and a
+Triton kernel (one launch instead of 3-8 elementwise kernels). `impl="auto"`: Triton on CUDA
+tensors, the reference on CPU tensors; `"triton"` on CPU needs TRITON_INTERPRET=1.
+
+Shapes: tokens packed `[T, ...]`; caches `[num_pages, Hkv, B, d]`; cos/sin fp32 `[T, d]`
+(rotate-half convention, `engine.rope`).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.rope import apply_rope
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+    if impl == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("impl='triton' on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
+    return impl
+
+
+# -- RMSNorm (optionally after a residual add) ---------------------------------------------
+def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * w.float()).to(x.dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, n, eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        x = x + tl.load(r_ptr + row * n + cols, mask=mask, other=0.0)  # add in the storage dtype, like torch
+        tl.store(sum_ptr + row * n + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (xf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             impl: str = "auto") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x `[T, n]` -> RMSNorm(x) * w. With `residual` `[T, n]`: s = x + residual, returns (norm(s), s)."""
+    if resolve_impl(impl, x.device) == "torch":
+        if residual is None:
+            return rms_norm_ref(x, w, eps)
+        s = x + residual
+        return rms_norm_ref(s, w, eps), s
+    if x.ndim != 2 or not x.is_contiguous() or w.shape != (x.shape[1],):
+        raise ValueError(f"rms_norm: x must be contiguous [T, n] and w [n], got {tuple(x.shape)}, {tuple(w.shape)}")
+    out = torch.empty_like(x)
+    s = torch.empty_like(x) if residual is not None else x
+    if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
+        raise ValueError(f"rms_norm: residual must be contiguous {tuple(x.shape)}")
+    if x.shape[0]:
+        _rms_norm_kernel[(x.shape[0],)](x, residual if residual is not None else x, w, out, s, x.shape[1], eps,
+                                        HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(x.shape[1]),
+                                        num_warps=4 if x.shape[1] <= 4096 else 8)
+    return out if residual is None else (out, s)
+
+
+# -- RoPE on q and k, K/V written into the paged cache ---------------------------------------
+def rope_cache_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
+                   num_heads: int, num_kv_heads: int) -> torch.Tensor:
+    d = k_cache.shape[-1]
+    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+    q = apply_rope(q.reshape(-1, num_heads, d), cos, sin)
+    k = apply_rope(k.reshape(-1, num_kv_heads, d), cos, sin)
+    k_cache[slot_pages, :, slot_offsets] = k.to(k_cache.dtype)
+    v_cache[slot_pages, :, slot_offsets] = v.reshape(-1, num_kv_heads, d).to(v_cache.dtype)
+    return q
+
+
+@triton.jit
+def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, pages_ptr, offs_ptr,
+                       HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    half = tl.arange(0, D // 2)
+    row = qkv_ptr + t * (HQ + 2 * HKV) * D + h * D
+    if h < HQ + HKV:  # q or k head: rotate
+        x1 = tl.load(row + half).to(tl.float32)
+        x2 = tl.load(row + D // 2 + half).to(tl.float32)
+        c1 = tl.load(cos_ptr + t * D + half)
+        c2 = tl.load(cos_ptr + t * D + D // 2 + half)
+        s1 = tl.load(sin_ptr + t * D + half)
+        s2 = tl.load(sin_ptr + t * D + D // 2 + half)
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+        if h < HQ:
+            dst = q_ptr + t * HQ * D + h * D
+        else:
+            page = tl.load(pages_ptr + t)
+            off = tl.load(offs_ptr + t)
+            dst = kc_ptr + ((page * HKV + (h - HQ)) * PAGE + off) * D
+        tl.store(dst + half, y1.to(dst.dtype.element_ty))
+        tl.store(dst + D // 2 + half, y2.to(dst.dtype.element_ty))
+    else:  # v head: copy
+        page = tl.load(pages_ptr + t)
+        off = tl.load(offs_ptr + t)
+        cols = tl.arange(0, D)
+        dst = vc_ptr + ((page * HKV + (h - HQ - HKV)) * PAGE + off) * D
+        tl.store(dst + cols, tl.load(row + cols).to(vc_ptr.dtype.element_ty))
+
+
+def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
+               num_heads: int, num_kv_heads: int, impl: str = "auto") -> torch.Tensor:
+    """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (with RoPE) and V go to the cache slots
+    (`slot_pages`, `slot_offsets` int64 `[T]`)."""
+    if resolve_impl(impl, qkv.device) == "torch":
+        return rope_cache_ref(qkv, cos, sin, k_cache, v_cache, slot_pages, slot_offsets, num_heads, num_kv_heads)
+    t, d = qkv.shape[0], k_cache.shape[-1]
+    if not qkv.is_contiguous() or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d:
+        raise ValueError(f"rope_cache: qkv must be contiguous [T, {(num_heads + 2 * num_kv_heads) * d}]")
+    if cos.dtype != torch.float32 or cos.shape != (t, d) or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError(f"rope_cache: cos/sin must be contiguous float32 [{t}, {d}]")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("rope_cache: caches must be contiguous [num_pages, Hkv, B, d]")
+    q = torch.empty(t, num_heads, d, dtype=qkv.dtype, device=qkv.device)
+    if t:
+        _rope_cache_kernel[(t, num_heads + 2 * num_kv_heads)](
+            qkv, cos, sin, q, k_cache, v_cache, slot_pages, slot_offsets, HQ=num_heads, HKV=num_kv_heads,
+            D=d, PAGE=k_cache.shape[2], num_warps=1)
+    return q
+
+
+# -- SwiGLU ------------------------------------------------------------------------------
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    g = tl.load(gu_ptr + row * 2 * n + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * n + n + cols, mask=mask, other=0.0)
+    act = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # round like torch: silu in fp32 -> dtype, then * up
+    tl.store(out_ptr + row * n + cols, act * u, mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """gate_up `[T, 2 I]` (gate first) -> silu(gate) * up `[T, I]`."""
+    if resolve_impl(impl, gate_up.device) == "torch":
+        return silu_mul_ref(gate_up)
+    if gate_up.ndim != 2 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul: gate_up must be contiguous [T, 2*I], got {tuple(gate_up.shape)}")
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(t, n, dtype=gate_up.dtype, device=gate_up.device)
+    if t:
+        block = min(1024, triton.next_power_of_2(n))
+        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,93 @@
+"""Random-weight decoder stacks of real shapes, for speed and memory measurements only.
+
+Timing depends on shapes, not on trained values, so these stand in for checkpoints that cannot be
+downloaded here. `llama-3.1-8b`: 32 layers, hidden 4096, 32 query / 8 KV heads of d 128, FFN
+14336, vocab 128256, llama3 RoPE. `m3-attn`: the MiniMax-M3 attention shape (64 query / 4 KV heads
+of d 128; MSA with 4 index heads x 128, block 128, top-k 16) with a dense FFN standing in for the
+MoE's active experts and few layers. Outputs are meaningless text; never use them for quality.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from engine.config import ModelConfig, RopeScaling
+from engine.model import CausalLM
+
+SHAPES: dict[str, ModelConfig] = {
+    "llama-3.1-8b": ModelConfig(
+        arch="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336, max_position=131072, rms_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)),
+    "m3-attn": ModelConfig(
+        arch="llama", vocab_size=200064, hidden_size=3072, num_layers=4, num_heads=64, num_kv_heads=4,
+        head_dim=128, intermediate_size=8192, max_position=1 << 20, rms_eps=1e-6, rope_theta=5000000.0),
+}
+
+
+@dataclass(frozen=True)
+class MSAShape:
+    """The MSA side of a shape: one index-query head per KV group, one shared index-key head."""
+
+    index_dim: int = 128
+    block_size: int = 128
+    topk: int = 16
+
+
+MSA_SHAPES = {"m3-attn": MSAShape(), "llama-3.1-8b": MSAShape()}
+
+
+def shape_config(name: str, **overrides) -> ModelConfig:
+    """A named shape, with fields replaced (e.g. num_layers=2, max_position=...)."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}: use one of {', '.join(SHAPES)}")
+    return replace(SHAPES[name], **overrides)
+
+
+@torch.no_grad()
+def random_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+                 seed: int = 0) -> CausalLM:
+    """A `CausalLM` of `cfg` with N(0, 0.02) matrices and unit norms, built directly on `device` in `dtype`
+    (no float32 copy on the host: an 8B stack is 16 GB in bf16)."""
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+    model.setup_rope(device)
+    return model.eval()
+
+
+class _NoTokenizer:
+    """Random stacks have no vocabulary: no EOS, no text (use ignore_eos and no stop strings)."""
+
+    eos_token_ids: set[int] = set()
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        raise ValueError("a random-weight stack has no tokenizer: use token ids and no stop strings")
+
+
+def random_engine(model: CausalLM, attention, device: torch.device | str, kv_cache_tokens: int,
+                  max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+                  cuda_graphs: bool = True, index_dim: int = 0, index_layers: tuple[int, ...] = (),
+                  page_size: int = 128):
+    """An `LLMEngine` over a random stack (drive it with token ids through add_request / step)."""
+    from engine.kv_cache import CacheConfig, KVCache
+    from engine.llm_engine import LLMEngine
+    from engine.scheduler import SchedulerConfig
+
+    cfg, device = model.cfg, torch.device(device)
+    dtype = next(model.parameters()).dtype
+    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                    CacheConfig(page_size=page_size, num_pages=-(-kv_cache_tokens // page_size), dtype=dtype),
+                    device, index_dim=index_dim, index_layers=index_layers)
+    return LLMEngine(model, _NoTokenizer(), attention, cache, SchedulerConfig(max_num_seqs, max_num_batched_tokens),
+                     max_model_len or cfg.max_position, device, cuda_graphs=cuda_graphs)
