@@ -157,8 +157,11 @@ def _save_checkpoint(out: Path, cfg: SparsifyConfig, proj: IndexProjections, lay
 
 
 def sparsify(cfg: SparsifyConfig, command: str = "", progress: bool = True,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the calibration; returns the provenance dict (also written to `out/provenance.json`)."""
+             log: Callable[[str], None] = print, llm=None) -> dict[str, Any]:
+    """Run the calibration; returns the provenance dict (also written to `out/provenance.json`).
+
+    `llm`: an already loaded float32 dense `LLM` of `cfg.model` to reuse (tests); its weights are
+    only read."""
     from tqdm import tqdm
 
     from engine.llm import LLM
@@ -167,8 +170,12 @@ def sparsify(cfg: SparsifyConfig, command: str = "", progress: bool = True,
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out).expanduser()
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    llm = LLM(cfg.model, attention="dense", device=device, dtype=torch.float32, max_model_len=cfg.seq_len + 1,
-              kv_cache_tokens=cfg.seq_len + 256, max_num_seqs=1, progress=progress)
+    if llm is None:
+        llm = LLM(cfg.model, attention="dense", device=device, dtype=torch.float32, max_model_len=cfg.seq_len + 1,
+                  kv_cache_tokens=cfg.seq_len + 256, max_num_seqs=1, progress=progress)
+    if llm.dtype != torch.float32 or llm.attention_kind != "dense":
+        raise ValueError("sparsify needs the base model loaded dense in float32")
+    device = str(llm.device)
     msa = _resolve_msa(cfg, llm.config)
     qk_weights = _qk_weights(llm.model)
     fingerprint = base_fingerprint(llm.config, qk_weights)
