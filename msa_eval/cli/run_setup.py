@@ -57,12 +57,18 @@ class Prepared:
         return rows
 
 
-def _backends(a: RunArgs) -> tuple[BackendSpec, ...]:
+def _backends(a: RunArgs, suite: SuiteConfig) -> tuple[BackendSpec, ...]:
     opts = parse_backend_opts(tuple(a.backend_opts))
     if a.backend == "local":
         model = a.model or DEFAULT_MODEL
         kinds = ("msa", "dense") if a.attention == "both" else (a.attention,)
-        return tuple(BackendSpec("local", model, attention=k, options=opts) for k in kinds)
+
+        def for_kind(k: str) -> dict[str, Any]:
+            if not k.startswith("msa") or not (suite.msa_overrides or "msa_overrides" in opts):
+                return {x: v for x, v in opts.items() if x != "msa_overrides"}
+            return {**opts, "msa_overrides": {**suite.msa_overrides, **opts.get("msa_overrides", {})}}
+
+        return tuple(BackendSpec("local", model, attention=k, options=for_kind(k)) for k in kinds)
     if not a.base_url or not a.model:
         raise ConfigError("--backend openai needs --base-url URL and --model ID")
     return (BackendSpec("openai", a.model, base_url=a.base_url, options=opts),)
@@ -78,8 +84,9 @@ def _suite(a: RunArgs) -> SuiteConfig:
         if a.samples < 1:
             raise ConfigError("--samples must be >= 1")
         suite = replace(suite, samples=a.samples, tasks=tuple(replace(t, samples=None) for t in suite.tasks))
-    if a.lengths:
-        suite = replace(suite, lengths=parse_lengths(a.lengths))
+    if a.lengths:  # --lengths applies to every task
+        suite = replace(suite, lengths=parse_lengths(a.lengths),
+                        tasks=tuple(replace(t, lengths=()) for t in suite.tasks))
     if a.mode:
         suite = replace(suite, mode=a.mode)
     if a.seed is not None:
@@ -90,12 +97,12 @@ def _suite(a: RunArgs) -> SuiteConfig:
 def prepare(a: RunArgs) -> Prepared:
     suite = _suite(a)
     validate_tasks(suite)  # unknown task names fail before any model file is touched
-    backends = _backends(a)
+    backends = _backends(a, suite)
     ref_model = a.reference or (backends[0].model if a.backend == "local" else DEFAULT_MODEL)
     tok, info = load_reference_tokenizer(ref_model)
     max_ctx = info["max_context"] if a.backend == "local" else None
     lengths = suite.lengths or default_lengths(info["max_context"])
-    check_lengths(lengths, max_ctx)
+    check_lengths(tuple(sorted({*lengths, *(n for t in suite.tasks for n in t.lengths)})), max_ctx)
     suite = replace(suite, lengths=lengths)
     conc = a.concurrency or (1 if a.backend == "local" else 8)
     if conc < 1:

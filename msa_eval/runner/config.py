@@ -32,6 +32,7 @@ class TaskEntry:
     samples: int | None = None  # per length; None = the suite's default
     max_tokens: int | None = None  # generation budget override
     options: dict[str, Any] = field(default_factory=dict)  # constructor options (loaders)
+    lengths: tuple[int, ...] = ()  # this task's lengths; empty = the suite's
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class SuiteConfig:
     samples: int = 5
     seed: int = 42
     mode: Mode = "chat"
+    # MSA knobs for local msa/msa-ref backends (engine msa_overrides: topk, block_size, ...)
+    msa_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class _TaskModel(BaseModel):
     samples: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = {}
+    lengths: list[int | str] = []
 
 
 class _SuiteModel(BaseModel):
@@ -95,6 +99,7 @@ class _SuiteModel(BaseModel):
     samples: int = Field(default=5, ge=1)
     seed: int = 42
     mode: Mode = "chat"
+    msa_overrides: dict[str, Any] = {}
 
 
 def parse_length(text: str | int) -> int:
@@ -133,10 +138,11 @@ def suite_from_dict(d: dict[str, Any], source: str) -> SuiteConfig:
         loc = ".".join(str(x) for x in err["loc"])
         raise ConfigError(f"{source}: {loc}: {err['msg']} (fix the suite file)") from None
     tasks = tuple(
-        TaskEntry(t) if isinstance(t, str) else TaskEntry(t.name, t.samples, t.max_tokens, t.options)
+        TaskEntry(t) if isinstance(t, str) else TaskEntry(
+            t.name, t.samples, t.max_tokens, t.options, tuple(parse_length(x) for x in t.lengths))
         for t in m.tasks)
     return SuiteConfig(m.name, tasks, tuple(parse_length(x) for x in m.lengths), m.samples,
-                       m.seed, m.mode)
+                       m.seed, m.mode, dict(m.msa_overrides))
 
 
 def configs_dir() -> Path:

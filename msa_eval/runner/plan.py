@@ -37,7 +37,8 @@ def build_plan(
     suite: SuiteConfig, lengths: tuple[int, ...], tokenizer: Any, limit: int | None = None,
     only: tuple[str, ...] = (),
 ) -> list[PlannedTask]:
-    """Samples per (task, length), in suite order; `limit` caps samples per (task, length)."""
+    """Samples per (task, length), in suite order; `limit` caps samples per (task, length).
+    A task entry with its own `lengths` uses those instead of `lengths`."""
     plan: list[PlannedTask] = []
     entries = [t for t in suite.tasks if not only or t.name in only]
     if only:
@@ -52,7 +53,7 @@ def build_plan(
         n = entry.samples or suite.samples
         if limit is not None:
             n = min(n, limit)
-        for length in lengths:
+        for length in entry.lengths or lengths:
             spec = BuildSpec(length, tokenizer, suite.mode, suite.seed, entry.max_tokens)
             try:
                 samples = list(task.samples(spec, n))

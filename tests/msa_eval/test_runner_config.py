@@ -128,3 +128,19 @@ def test_dry_run_json_prints_prompts_identical_across_modes_of_backends(run_cli)
     assert p.returncode == 0 and q.returncode == 0, p.stderr + q.stderr
     a, b = json.loads(p.stdout), json.loads(q.stdout)
     assert [s["prompt_hash"] for s in a] == [s["prompt_hash"] for s in b] and a[0]["messages"]
+
+
+def test_suite_msa_overrides_and_per_task_lengths(tmp_path):
+    a = prepare(args(tmp_path, tasks=None, samples=None, lengths=None, attention="both"))
+    msa, dense = a.cfg.backends
+    assert msa.attention == "msa" and msa.options["msa_overrides"] == load_suite("helmet").msa_overrides
+    assert "msa_overrides" not in dense.options
+    by_task = {}
+    for p in a.plan:
+        by_task.setdefault(p.task.name, []).append(p.length)
+    assert by_task["niah_single"] == [2048, 4096] and by_task["rag"] == [2048]
+    b = prepare(args(tmp_path, tasks=None, samples=None, lengths="2k", attention="both",
+                     backend_opts=("msa_overrides={topk: 8}",), out=tmp_path / "b"))
+    assert {p.length for p in b.plan} == {2048}  # --lengths applies to every task
+    assert b.cfg.backends[0].options["msa_overrides"]["topk"] == 8
+    assert b.cfg.config_hash() != a.cfg.config_hash()
