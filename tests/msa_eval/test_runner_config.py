@@ -130,15 +130,24 @@ def test_dry_run_json_prints_prompts_identical_across_modes_of_backends(run_cli)
     assert [s["prompt_hash"] for s in a] == [s["prompt_hash"] for s in b] and a[0]["messages"]
 
 
+def _tok():
+    from msa_eval.runner.reference import load_reference_tokenizer
+
+    return load_reference_tokenizer("smollm2-135m")[0]
+
+
 def test_suite_msa_overrides_and_per_task_lengths(tmp_path):
     a = prepare(args(tmp_path, tasks=None, samples=None, lengths=None, attention="both"))
     msa, dense = a.cfg.backends
     assert msa.attention == "msa" and msa.options["msa_overrides"] == load_suite("helmet").msa_overrides
     assert "msa_overrides" not in dense.options
-    by_task = {}
-    for p in a.plan:
-        by_task.setdefault(p.task.name, []).append(p.length)
-    assert by_task["niah_single"] == [2048, 4096] and by_task["rag"] == [2048]
+    from msa_eval.runner.config import TaskEntry
+    from msa_eval.runner.plan import build_plan
+    from dataclasses import replace
+
+    suite = replace(load_suite("helmet"), tasks=(TaskEntry("niah_single", lengths=(2048, 4096)), TaskEntry("rag")))
+    plan = build_plan(suite, (2048,), _tok(), limit=1)
+    assert [(p.task.name, p.length) for p in plan] == [("niah_single", 2048), ("niah_single", 4096), ("rag", 2048)]
     b = prepare(args(tmp_path, tasks=None, samples=None, lengths="2k", attention="both",
                      backend_opts=("msa_overrides={topk: 8}",), out=tmp_path / "b"))
     assert {p.length for p in b.plan} == {2048}  # --lengths applies to every task
