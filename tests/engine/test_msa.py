@@ -8,9 +8,9 @@ import torch
 from engine import LLM, SamplingParams
 
 PROMPTS = [
-    "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 20,
-    [{"role": "user", "content": "Explain, step by step, how a bicycle gear system works. " * 25}],
-    "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n" * 30,
+    "Write a long story about a lighthouse keeper who finds a message in a bottle. " * 10,
+    [{"role": "user", "content": "Explain, step by step, how a bicycle gear system works. " * 12}],
+    "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n" * 12,
 ]
 
 
@@ -28,14 +28,15 @@ def untrained_adapter(llm_dense, out, **msa_kw):
 
 @pytest.fixture(scope="module")
 def msa_b64(default_llm, tmp_path_factory):
-    ad = untrained_adapter(default_llm, tmp_path_factory.mktemp("ad") / "b64", block_size=64, topk=16, d_idx=64)
-    return LLM(f"smollm2-135m+{ad}", attention="msa", device="cpu", kv_cache_tokens=6144, progress=False)
+    ad = untrained_adapter(default_llm, tmp_path_factory.mktemp("ad") / "b64", block_size=64, topk=8, d_idx=64)
+    return LLM(f"smollm2-135m+{ad}", attention="msa", device="cpu", kv_cache_tokens=2048, progress=False)
 
 
+@pytest.mark.timeout(3600)  # the fp32 references on a shared 2-core CPU
 def test_covering_topk_gives_dense_greedy_tokens(default_llm, msa_b64):
     p = SamplingParams(max_tokens=64, ignore_eos=True)
     lens = [len(default_llm._to_ids(x)) for x in PROMPTS]
-    assert all(4 * 64 < n and n + 64 <= 16 * 64 for n in lens), lens  # several blocks, all within top-16
+    assert all(2 * 64 < n and n + 64 <= 8 * 64 for n in lens), lens  # several blocks, all within top-8
     dense = default_llm.generate(PROMPTS, p)
     msa = msa_b64.generate(PROMPTS, p)
     assert [o.token_ids for o in msa] == [o.token_ids for o in dense]
@@ -43,10 +44,11 @@ def test_covering_topk_gives_dense_greedy_tokens(default_llm, msa_b64):
 
 
 def test_small_topk_density_formula_and_recall(msa_b64, tmp_path):
-    ids = msa_b64._to_ids(PROMPTS[0])[:700]
+    ids = (msa_b64._to_ids(PROMPTS[0]) * 5)[:700]
+    assert len(ids) == 700
     ad = msa_b64.msa_adapter.path
     ref = LLM(f"smollm2-135m+{ad}", attention="msa-ref", device="cpu", kv_cache_tokens=2048, progress=False,
-              msa_overrides={"topk": 4, "track_recall": True})
+              msa_overrides={"topk": 4, "track_recall": True})  # 4 of 11 blocks
     out = ref.generate([ids], SamplingParams(max_tokens=2, ignore_eos=True))[0]
     B, k, n_layers, n_msa = 64, 4, 30, 28
     read = dense = 0
@@ -62,7 +64,9 @@ def test_small_topk_density_formula_and_recall(msa_b64, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_kernels_match_reference_greedy_tokens():
-    prompts = [x * 8 if isinstance(x, str) else [{"role": "user", "content": x[0]["content"] * 8}] for x in PROMPTS]
+    prompts = ["Write a long story about a lighthouse keeper who finds a message in a bottle. " * 160,
+               [{"role": "user", "content": "Explain, step by step, how a bicycle gear system works. " * 200}],
+               "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n" * 240]
     p = SamplingParams(max_tokens=32, ignore_eos=True)
     got = {}
     for kind in ("msa", "msa-ref"):
