@@ -32,7 +32,8 @@ def msa_b64(default_llm, tmp_path_factory):
     return LLM(f"smollm2-135m+{ad}", attention="msa", device="cpu", kv_cache_tokens=2048, progress=False)
 
 
-@pytest.mark.timeout(3600)  # the fp32 references on a shared 2-core CPU
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # the fp32 references on a shared 2-core CPU (~8 CPU-min)
 def test_covering_topk_gives_dense_greedy_tokens(default_llm, msa_b64):
     p = SamplingParams(max_tokens=64, ignore_eos=True)
     lens = [len(default_llm._to_ids(x)) for x in PROMPTS]

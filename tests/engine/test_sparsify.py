@@ -114,7 +114,7 @@ def test_resume_skips_finished_layers_and_refuses_other_settings(tiny, tmp_path)
     _save_checkpoint(tmp_path / "ad", cfg, proj, done)
     prov = sparsify(cfg, progress=False, log=lambda m: None)
     assert prov["resumed"] and prov["layers"]["1"]["recall_after"] == 0.75  # layer 1 was not retrained
-    assert prov["layers"]["2"]["seconds"] > 0
+    assert prov["layers"]["2"]["loss_first"] > 0 and prov["layers"]["2"]["loss_first"] != 1.0  # trained now
     _save_checkpoint(tmp_path / "other", cfg, proj, done)
     with pytest.raises(AdapterError, match="other settings"):
         sparsify(tiny_cfg(model, data, tmp_path / "other", seed=4), progress=False)
