@@ -20,5 +20,5 @@ row = [r for r in rep["rows"] if r["kind"] == "overall"][0]
 print(", ".join(f"{k} {v}" for k, v in row["cells"].items()))
 PY
 )
-echo "| $(date -u +%Y-%m-%d) | $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) | ${wall}s | $(echo "$user + $sys" | bc)s | $load0 -> $load1 | $((maxrss / 1024)) MB | $overall | \`msa-eval run helmet --backend local $*\` |"
+echo "| $(date -u +%Y-%m-%d) | $(getconf _NPROCESSORS_ONLN) x $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) | ${wall}s | $(echo "$user + $sys" | bc)s | $load0 -> $load1 | $((maxrss / 1024)) MB | $overall | \`msa-eval run helmet --backend local $*\` |"
 echo "run directory: $out/run" >&2
