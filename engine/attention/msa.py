@@ -2,8 +2,9 @@
 cache, select the top-k blocks (prefill indexer for chunks, decode indexer for decode steps),
 then exact attention over the selected blocks; the configured dense layers run `DenseAttention`.
 
-`impl`: "auto" = Triton kernels on CUDA tensors, torch references on CPU (`--attention msa`);
-"torch" = always the references (`--attention msa-ref`).
+`impl`: "auto" (`--attention msa`) = Triton kernels on CUDA tensors; on the CPU the reference
+indexers select and `msa_masked` attends (exact masked SDPA, as fast as dense);
+"torch" (`--attention msa-ref`) = always the kernels' torch references.
 
 Statistics per request (summed over layers) in `meta.stats`: `keys_read` (keys the layer's
 attention reads: `(n_valid - 1) * B + pos % B + 1` per query with `n_valid = min(k, pos // B + 1)`,
@@ -56,6 +57,21 @@ class MSAAttention:
     def recall_by_layer(self) -> dict[int, float]:
         return {i: s / max(n, 1) for i, (s, n) in sorted(self.recall.items())}
 
+    def _cpu_masked(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta):
+        """`--attention msa` on the CPU: the reference indexers select, masked SDPA attends."""
+        from engine.attention.msa_masked import masked_sparse_attention
+
+        if meta.is_decode:
+            from kernels.decode import msa_decode_indexer
+
+            ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl="torch")
+        else:
+            from kernels.indexer import msa_indexer
+
+            ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
+                              impl="torch")
+        return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, self.msa.block_size), ids
+
     # -- the layer call -------------------------------------------------------------------
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -68,7 +84,9 @@ class MSAAttention:
         kic = cache.k_idx[layer]
         kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
         q_idx = q_idx.to(kic.dtype)
-        if meta.is_decode:
+        if self.impl == "auto" and q.device.type == "cpu":
+            out, ids = self._cpu_masked(q, q_idx, k_cache, v_cache, kic, meta)
+        elif meta.is_decode:
             from kernels.decode import msa_decode_attention, msa_decode_indexer
 
             ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
