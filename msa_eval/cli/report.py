@@ -24,7 +24,47 @@ def register(group: click.Group) -> None:
 @click.option("--markdown", "as_md", is_flag=True, help="Print the report as Markdown.")
 def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots: bool, bootstrap: int,
            as_json: bool, as_md: bool) -> None:
-    """Join the runs in RUN_DIRS side by side (columns = backend @ length)."""
+    """Join the runs in RUN_DIRS side by side (columns = backend @ length); agent batch runs
+    (`msa-eval run agents`) get their own table (agents.md/.csv/.json)."""
+    from msa_eval.errors import MsaEvalError
+    from msa_eval.report.agents import is_agent_run
+
+    wanted = {f.strip() for f in formats.split(",") if f.strip()}
+    if not wanted or wanted - {"md", "csv", "json"}:
+        raise MsaEvalError(f"bad --format {formats!r}: use a comma-separated subset of md,csv,json")
+    dest = out or Path(run_dirs[0]) / "report"
+    agent_dirs = [d for d in run_dirs if is_agent_run(d)]
+    helmet_dirs = [d for d in run_dirs if d not in agent_dirs]
+    if not agent_dirs:
+        _helmet(helmet_dirs, dest, wanted, no_plots, bootstrap, as_json, as_md)
+        return
+    from msa_eval.report.agents import (
+        agents_markdown, build_agent_report, load_agent_runs, require_records, write_agent_report,
+    )
+
+    records = load_agent_runs(agent_dirs)
+    require_records(records, agent_dirs)
+    agents = build_agent_report(records)
+    rep = _helmet(helmet_dirs, dest, wanted, no_plots, bootstrap, as_json, as_md, show=False) if helmet_dirs else None
+    paths = write_agent_report(agents, dest, wanted)
+    if as_json:
+        display.print_json({"helmet": rep.to_dict(), "agents": agents.to_dict()} if rep else agents.to_dict())
+        return
+    if rep is not None:
+        if as_md:
+            from msa_eval.report.writers import to_markdown
+
+            display.stream_text(to_markdown(rep) + "\n")
+        else:
+            display.report_tables(rep)
+    display.stream_text(agents_markdown(agents))
+    if not as_md:
+        display.info(f"[dim]written: {', '.join(str(p) for p in paths.values())}[/]")
+
+
+def _helmet(run_dirs, dest: Path, wanted: set[str], no_plots: bool, bootstrap: int, as_json: bool,
+            as_md: bool, show: bool = True):
+    """The HELMET report over `run_dirs`: write its files (and plots); print it when `show`."""
     from msa_eval.errors import MsaEvalError
     from msa_eval.report import build_report, load_runs
     from msa_eval.report.plots import plot_report
@@ -34,13 +74,11 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots:
     if not records:
         raise MsaEvalError(f"no records in {', '.join(map(str, run_dirs))}: run `msa-eval run` first")
     rep = build_report(records, n_boot=bootstrap)
-    dest = out or Path(run_dirs[0]) / "report"
-    wanted = {f.strip() for f in formats.split(",") if f.strip()}
-    if not wanted or wanted - {"md", "csv", "json"}:
-        raise MsaEvalError(f"bad --format {formats!r}: use a comma-separated subset of md,csv,json")
     paths = write_report(rep, dest, wanted)
     if not no_plots:
         plot_report(rep, records, dest)
+    if not show:
+        return rep
     if as_json:
         display.print_json(rep.to_dict())
     elif as_md:
@@ -48,3 +86,4 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots:
     else:
         display.report_tables(rep)
         display.info(f"[dim]written: {', '.join(str(p) for p in paths.values())}[/]")
+    return rep

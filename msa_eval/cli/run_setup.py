@@ -111,4 +111,12 @@ def prepare(a: RunArgs) -> Prepared:
                     concurrency=conc)
     plan = build_plan(suite, lengths, tok, limit=a.limit)
     run_dir = a.out or Path("runs") / f"{Path(suite.name).stem}-{a.backend}-{cfg.config_hash()}"
-    return Prepared(cfg, plan, run_dir, info)
+    return Prepared(_default_cache_dir(cfg, run_dir), plan, run_dir, info)
+
+
+def _default_cache_dir(cfg: RunConfig, run_dir: Path) -> RunConfig:
+    """openai backends without `--backend-opt cache_dir=...` cache responses in `<run dir>/cache`,
+    so a rerun replays them (reproducible, resumable). cache_dir is not part of the config hash."""
+    backends = tuple(replace(b, options={**b.options, "cache_dir": str(run_dir / "cache")})
+                     if b.kind == "openai" and "cache_dir" not in b.options else b for b in cfg.backends)
+    return replace(cfg, backends=backends)

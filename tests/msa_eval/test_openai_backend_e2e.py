@@ -74,6 +74,7 @@ def _run(out: Path, *backend_args: str) -> dict[str, dict]:
 def test_helmet_over_http_matches_local_dense(base_url, tmp_path):
     pytest.importorskip("msa_eval.backends.local")
     remote = _run(tmp_path / "openai", "--backend", "openai", "--base-url", base_url, "--model", MODEL)
+    assert any((tmp_path / "openai" / "cache").rglob("*"))  # default response cache: <run dir>/cache
     local = _run(tmp_path / "local", "--backend", "local", "--attention", "dense")
     assert sorted(remote) == sorted(local) and len(local) == 3
     for sid, r in remote.items():

@@ -61,6 +61,17 @@ def test_identical_prompts_for_local_and_openai_plans(tmp_path):
     assert h(local) == h(remote)
 
 
+def test_openai_response_cache_defaults_to_the_run_dir(tmp_path):
+    remote = dict(backend="openai", model="some-model", base_url="http://127.0.0.1:9/v1")
+    default = prepare(args(tmp_path, **remote))
+    assert default.cfg.backends[0].options["cache_dir"] == str(tmp_path / "run" / "cache")
+    own = prepare(args(tmp_path, **remote, backend_opts=(f"cache_dir={tmp_path / 'mine'}",)))
+    assert own.cfg.backends[0].options["cache_dir"] == str(tmp_path / "mine")  # the user's wins
+    assert own.cfg.config_hash() == default.cfg.config_hash()  # where the cache lives is no identity
+    local = prepare(args(tmp_path))
+    assert "cache_dir" not in local.cfg.backends[0].options  # the local backend takes no cache
+
+
 def test_partial_trailing_line_is_dropped(tmp_path):
     rec = SampleRecord(backend="local:dense", sample_id="a/1/0", task="a", category="recall", length=2048,
                        mode="chat", status="ok", prompt_hash="x", prompt_tokens_ref=10, answers=["1"],

@@ -1,0 +1,152 @@
+"""Agent batch runs in `msa-eval report`: load `msa-eval run agents` run directories (layout in
+agents/RECORDS.md) and build one table: rows = backend (attention, model) x task family, plus an
+overall row per backend; columns = success rate, mean steps, mean/max peak context tokens, total
+tokens, cost and exit-status counts. Serialised as Markdown, CSV and JSON like the HELMET report."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from msa_eval.errors import MsaEvalError
+from msa_eval.runner.records import atomic_write_json, atomic_write_text
+
+AGENT_SCHEMA = "msa-eval.agent-run/1"
+FIELDS = ("backend", "attention", "model", "family", "tasks", "success_rate", "mean_steps",
+          "mean_peak_context_tokens", "max_peak_context_tokens", "total_tokens", "cost_usd", "statuses")
+
+
+def is_agent_run(run_dir: Path) -> bool:
+    """True when `run_dir/manifest.json` carries the agent-run schema."""
+    p = Path(run_dir) / "manifest.json"
+    try:
+        return json.loads(p.read_text()).get("schema") == AGENT_SCHEMA
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@dataclass
+class AgentReport:
+    rows: list[dict[str, Any]]  # one per (backend, family) and one `family == "overall"` per backend
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_agent_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
+    """Records of all agent runs, last line per (backend, task_id) wins; each gets `_attention`
+    and `_model` from its manifest; a backend key seen in two runs gets `#<folder>` appended."""
+    out: list[dict[str, Any]] = []
+    seen: dict[str, Path] = {}
+    for d in map(Path, run_dirs):
+        m = json.loads((d / "manifest.json").read_text())
+        info = m.get("backend_info") or {}
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        p = d / "records.jsonl"
+        for line in (p.read_text().splitlines() if p.is_file() else []):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a killed run
+            if isinstance(r, dict) and "task_id" in r:
+                latest[(r.get("backend") or m.get("backend", "?"), r["task_id"])] = r
+        for (key, _), r in latest.items():
+            if key in seen and seen[key] != d:
+                key = f"{key}#{d.name}"
+            else:
+                seen[key] = d
+            kind, _, tail = key.partition(":")
+            attention = info.get("attention") or (tail.split("#")[0] if kind == "local" else None)
+            out.append({**r, "backend": key, "_attention": attention, "_model": info.get("model")})
+    return out
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 2) if xs else None
+
+
+def _cost(rs: list[dict[str, Any]]) -> float | None:
+    """Summed cost; None when unknown: a record without cost, or a hosted (openai) backend
+    whose provider reported no cost at all (the harness then sums zeros)."""
+    costs = [r.get("cost_usd") for r in rs]
+    if any(c is None for c in costs):
+        return None
+    total = sum(costs)
+    if total == 0 and any(r["backend"].startswith("openai:") for r in rs):
+        return None
+    return round(total, 6)
+
+
+def _row(backend: str, family: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
+    peaks = [r["peak_context_tokens"] for r in rs if r.get("peak_context_tokens") is not None]
+    return {"backend": backend, "attention": rs[0]["_attention"], "model": rs[0]["_model"],
+            "family": family, "tasks": len(rs),
+            "success_rate": round(sum(float(r.get("score") or 0.0) for r in rs) / len(rs), 3),
+            "mean_steps": _mean([r["steps"] for r in rs if r.get("steps") is not None]),
+            "mean_peak_context_tokens": _mean(peaks), "max_peak_context_tokens": max(peaks, default=None),
+            "total_tokens": sum((r.get("prompt_tokens") or 0) + (r.get("completion_tokens") or 0) for r in rs),
+            "cost_usd": _cost(rs), "statuses": dict(sorted(Counter(r.get("status", "?") for r in rs).items()))}
+
+
+def build_agent_report(records: list[dict[str, Any]]) -> AgentReport:
+    rows = []
+    for b in dict.fromkeys(r["backend"] for r in records):
+        rs = [r for r in records if r["backend"] == b]
+        for fam in sorted({r.get("family", "?") for r in rs}):
+            rows.append(_row(b, fam, [r for r in rs if r.get("family", "?") == fam]))
+        rows.append(_row(b, "overall", rs))
+    notes = ["success rate = mean score (0-1, partial credit in family C); overall = over all tasks; "
+             "tokens = prompt + completion summed over calls; cost empty when unknown"]
+    return AgentReport(rows, notes)
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    out = []
+    for f in FIELDS:
+        v = row[f]
+        if f == "statuses":
+            v = " ".join(f"{k}={n}" for k, n in v.items())
+        out.append("" if v is None else str(v))
+    return out
+
+
+def agents_markdown(rep: AgentReport) -> str:
+    out = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+    out += ["| " + " | ".join(_cells(r)) + " |" for r in rep.rows]
+    out += [""] + [f"Note: {n}" for n in rep.notes]
+    return "\n".join(out) + "\n"
+
+
+def agents_csv(rep: AgentReport) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(FIELDS)
+    w.writerows(_cells(r) for r in rep.rows)
+    return buf.getvalue()
+
+
+def write_agent_report(rep: AgentReport, out_dir: Path, formats: set[str]) -> dict[str, Path]:
+    """Write agents.md / agents.csv / agents.json (those in `formats`), atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    if "md" in formats:
+        paths["agents_markdown"] = out_dir / "agents.md"
+        atomic_write_text(paths["agents_markdown"], agents_markdown(rep))
+    if "csv" in formats:
+        paths["agents_csv"] = out_dir / "agents.csv"
+        atomic_write_text(paths["agents_csv"], agents_csv(rep))
+    if "json" in formats:
+        paths["agents_json"] = out_dir / "agents.json"
+        atomic_write_json(paths["agents_json"], rep.to_dict())
+    return paths
+
+
+def require_records(records: list[dict[str, Any]], run_dirs: list[Path]) -> None:
+    if not records:
+        raise MsaEvalError(f"no agent records in {', '.join(map(str, run_dirs))}: "
+                           "run `msa-eval run agents --suite S` first")
