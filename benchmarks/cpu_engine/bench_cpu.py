@@ -73,8 +73,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--context", type=int, default=128, help="prompt tokens before decoding")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for both engines")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
     import transformers
 
@@ -92,7 +95,8 @@ def main() -> None:
         f"- versions: torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
         f"- model: smollm2-135m (Q4_1 GGUF dequantized to float32), decode after a {args.context}-token prompt, "
         f"{args.new_tokens} new tokens, greedy; median of {args.repeats} after warm-up",
-        f"- command: `python benchmarks/cpu_engine/bench_cpu.py --repeats {args.repeats}`", "",
+        f"- command: `python benchmarks/cpu_engine/bench_cpu.py --repeats {args.repeats} --new-tokens {args.new_tokens}"
+        f"{' --threads ' + str(args.threads) if args.threads else ''}`", "",
         "| metric (tokens/s) | ours | HF transformers | ratio |", "| --- | ---: | ---: | ---: |",
         *[f"| {k} | {x:.1f} | {y:.1f} | {z:.2f}x |" for k, x, y, z in rows]]
     text = "\n".join(lines) + "\n"

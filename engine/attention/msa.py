@@ -70,7 +70,8 @@ class MSAAttention:
 
             ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
                               impl="torch")
-        return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, self.msa.block_size), ids
+        # block = page (the kernels read the block size off the cache the same way)
+        return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, k_cache.shape[2]), ids
 
     # -- the layer call -------------------------------------------------------------------
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
