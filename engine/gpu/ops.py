@@ -9,24 +9,18 @@ Shapes: tokens packed `[T, ...]`; caches `[num_pages, Hkv, B, d]`; cos/sin fp32 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from engine.rope import apply_rope
+from kernels._common.validate import resolve_impl as _resolve_impl
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
-    if impl == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
-    return impl
+    """"auto" -> Triton on CUDA tensors, torch reference otherwise (the kernels' one rule)."""
+    return _resolve_impl(impl, device, "engine.gpu.ops")
 
 
 # -- RMSNorm (optionally after a residual add) ---------------------------------------------

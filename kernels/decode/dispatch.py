@@ -6,10 +6,10 @@ for any lengths that fit the page table.
 """
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
+from kernels._common.validate import resolve_impl as _resolve_impl
 
 Impl = Literal["auto", "triton", "torch"]
 MAX_INDEXER_SPLITS = 128  # merge width = splits * next_pow2(k - 1) candidates per row
@@ -26,14 +26,8 @@ INDEXER_FP8_DOT = dict(pages_per_iter=1, num_warps=4)
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
-    """"auto" -> Triton on CUDA tensors, torch reference otherwise; "triton" on CPU needs TRITON_INTERPRET=1."""
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
-    if impl == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("impl='triton' on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported")
-    return impl
+    """"auto" -> Triton on CUDA tensors, torch reference otherwise (the kernels' one rule)."""
+    return _resolve_impl(impl, device, "decode")
 
 
 def target_programs(device: torch.device) -> int:
