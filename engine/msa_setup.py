@@ -4,10 +4,17 @@ model and the cache page size, and return `(attention, index_layers, index_dim, 
 
 `msa_overrides` (for tests and evaluations): `topk`, `block_size` (the page size follows),
 `dense_layers` (may only ADD dense layers: the others need trained projections), `track_recall`.
+
+Which attention class: `--attention msa` on a CUDA device gets `GraphMSAAttention`
+(engine/gpu/msa_graph.py: decode steps through preplanned kernels, replayed from CUDA graphs when
+the engine's `cuda_graphs` is on, the same plans launched eagerly when it is off); on the CPU, and
+for `msa-ref` everywhere, the plain `MSAAttention` (no decode plans: reference or masked-SDPA path).
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from engine.errors import EngineError
 from engine.msa.adapter import AdapterError, base_fingerprint, is_adapter_dir, load_adapter
@@ -38,9 +45,18 @@ def shipped_adapter(model_id: str) -> Path | None:
     return p if is_adapter_dir(p) else None
 
 
-def make_msa_attention(llm, attention: str, loaded, page_size: int | None, msa_overrides: dict):
+def msa_attention_class(impl: str, device: torch.device) -> type:
+    """`GraphMSAAttention` for the kernel path ("auto") on a CUDA device, else `MSAAttention`."""
     from engine.attention.msa import MSAAttention
 
+    if impl == "auto" and torch.device(device).type == "cuda":
+        from engine.gpu.msa_graph import GraphMSAAttention
+
+        return GraphMSAAttention
+    return MSAAttention
+
+
+def make_msa_attention(llm, attention: str, loaded, page_size: int | None, msa_overrides: dict):
     unknown = set(msa_overrides) - _OVERRIDE_KEYS
     if unknown:
         raise EngineError(f"unknown msa_overrides {sorted(unknown)}: use {sorted(_OVERRIDE_KEYS)}")
@@ -72,6 +88,7 @@ def make_msa_attention(llm, attention: str, loaded, page_size: int | None, msa_o
     llm.msa_adapter = adapter
     rope = IndexRope(llm.config, msa.d_idx, llm.device)
     impl = "torch" if attention == "msa-ref" else "auto"
-    attn = MSAAttention(msa, proj, rope, llm.config.num_layers, llm.config.head_dim ** -0.5, impl=impl,
-                        track_recall=bool(msa_overrides.get("track_recall", False)))
+    attn_cls = msa_attention_class(impl, llm.device)
+    attn = attn_cls(msa, proj, rope, llm.config.num_layers, llm.config.head_dim ** -0.5, impl=impl,
+                    track_recall=bool(msa_overrides.get("track_recall", False)))
     return attn, proj.layer_ids, msa.d_idx, msa.block_size

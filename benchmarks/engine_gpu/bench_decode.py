@@ -1,6 +1,7 @@
 """Decode speed of the engine on one GPU: the 8B-shape bandwidth roofline at batch 1 / 4K context,
 and our engine against HF transformers (same GPU, same run) at batch 1 and 8 for the default model
-and the 8B shape.
+and the 8B shape, HF in its default mode (dynamic cache, eager) and its fastest (static cache with
+its decode step compiled by torch.compile).
 
     python3 benchmarks/engine_gpu/bench_decode.py --out $OUT --gguf /root/models/smollm2.gguf
 """
@@ -49,22 +50,40 @@ def ours_decode(eng, batch: int, prompt: int, new: int, vocab: int) -> float:
     return batch * steps / (time.perf_counter() - t0)
 
 
-@torch.inference_mode()
-def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int) -> float:
-    ids = torch.tensor([random_prompt(prompt, vocab, i) for i in range(batch)], device="cuda")
+def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int, compiled: bool = False) -> tuple[float, float | None]:
+    """HF `generate` decode tokens/s = batch x (new - 1) / (time of `new` tokens - time of 1 token), after
+    warm-up. `compiled`: HF's fastest mode, a static cache (`cache_implementation="static"`), with
+    which `generate` compiles its decode step (`torch.compile`, HF's default CompileConfig: inductor,
+    mode "reduce-overhead" = CUDA graphs); dynamo is reset first so this batch size compiles with
+    static shapes. Returns (tokens/s, compile seconds: first warm-up minus a warm run; None eager)."""
+    ids = torch.tensor([random_prompt(prompt, vocab, i) for i in range(batch)], device=hf.device)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    if compiled:
+        kw["cache_implementation"] = "static"
 
     def run(n: int) -> float:
         torch.cuda.synchronize()
         t = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        with torch.no_grad():
+            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
         torch.cuda.synchronize()
         assert out.shape[1] == prompt + n
         return time.perf_counter() - t
 
-    run(4)  # warm-up
+    compile_s = None
+    if compiled:
+        torch._dynamo.reset()
+        if hasattr(hf, "_compiled_call"):
+            del hf._compiled_call
+        first = run(new)  # compiles the decode step
+        warm = run(new)  # records the CUDA graphs of the compiled step
+        compile_s = first - warm
+        print(f"HF compiled (batch {batch}): compiled call {hasattr(hf, '_compiled_call')}, first warm-up "
+              f"{first:.1f} s, warm {warm:.2f} s", flush=True)
+    else:
+        run(4)  # warm-up
     t1, tn = run(1), run(new)
-    return batch * (new - 1) / (tn - t1)
+    return batch * (new - 1) / (tn - t1), compile_s
 
 
 def hf_from_config(cfg, weights=None):
@@ -84,7 +103,8 @@ def hf_from_config(cfg, weights=None):
     return m.eval()
 
 
-def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int) -> None:
+def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int,
+              hf_modes: tuple[str, ...] = ("eager", "compiled")) -> None:
     from engine import LLM
 
     cases = []
@@ -107,9 +127,21 @@ def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int) -> None
         for batch in (1, 8):
             ours_decode(eng, batch, prompt, 8, cfg.vocab_size)  # warm-up: graph capture for this size
             a = ours_decode(eng, batch, prompt, new, cfg.vocab_size)
-            b = hf_decode(hf, batch, prompt, new, cfg.vocab_size)
-            rows.append({"bench": "vs_hf", "model": case, "batch": batch, "prompt": prompt, "new": new,
-                         "ours_tok_s": a, "hf_tok_s": b, "speedup": a / b})
+            row = {"bench": "vs_hf", "model": case, "batch": batch, "prompt": prompt, "new": new, "ours_tok_s": a}
+            if "eager" in hf_modes:
+                b, _ = hf_decode(hf, batch, prompt, new, cfg.vocab_size)
+                row.update(hf_tok_s=b, speedup=a / b)
+            if "compiled" in hf_modes:
+                try:
+                    c, compile_s = hf_decode(hf, batch, prompt, new, cfg.vocab_size, compiled=True)
+                    row.update(hf_compiled_tok_s=c, hf_compile_s=compile_s, speedup_compiled=a / c,
+                               hf_compiled_call=hasattr(hf, "_compiled_call"))
+                except Exception as e:  # keep the eager row
+                    import traceback
+
+                    traceback.print_exc()
+                    row["hf_compiled_error"] = repr(e)
+            rows.append(row)
             print(rows[-1], flush=True)
         del eng, hf
         gc.collect()
@@ -125,6 +157,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: roofline, hf")
+    ap.add_argument("--hf-modes", default="eager,compiled", help="HF generate modes: eager (dynamic cache), "
+                    "compiled (static cache + torch.compile)")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = ap.parse_args()
     rows: list[dict] = [{"bench": "env", **env_info()}]
@@ -132,7 +166,7 @@ def main() -> None:
     rows.append({"bench": "copy_bandwidth", "bytes_per_s": bw})
     print(rows, flush=True)
     sections = {"roofline": lambda: roofline(rows, bw, args.ctx, args.steps),
-                "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new)}
+                "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new, tuple(args.hf_modes.split(",")))}
     for name, fn in sections.items():
         if name in args.skip.split(","):
             continue

@@ -57,23 +57,31 @@ def kv_bytes_per_token(cfg, ctx: int, dtype_size: int = 2) -> int:
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_size * ctx
 
 
-def make_attention(cfg, kind: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, topk: int | None = None):
-    """('dense' | 'msa') -> (attention, index_dim, index_layers). MSA: the engine's MSA layers with
-    random index projections (every layer MSA), capturable decode (`GraphMSAAttention`)."""
+def make_attention(cfg, kind: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, topk: int | None = None,
+                   dense_layers: tuple[int, ...] = ()):
+    """('dense' | 'msa' | 'msa-eager') -> (attention, index_dim, index_layers). MSA: the engine's MSA
+    layers with random index projections (every layer MSA unless `dense_layers`); 'msa' has the
+    capturable decode (`GraphMSAAttention`, what `--attention msa` gets on a GPU), 'msa-eager' is the
+    plain `MSAAttention` (per-layer indexer + attention calls that plan and sync on their own: the
+    GPU decode path before `GraphMSAAttention` was wired in)."""
     if kind == "dense":
         return DenseAttention(cfg.head_dim ** -0.5), 0, ()
+    if kind not in ("msa", "msa-eager"):
+        raise ValueError(f"unknown attention kind {kind!r}: use dense, msa or msa-eager")
+    from engine.attention.msa import MSAAttention
     from engine.gpu.msa_graph import GraphMSAAttention
     from engine.msa import IndexProjections, IndexRope, MSAConfig
 
     shape = MSA_SHAPES["m3-attn"]
-    msa = MSAConfig(block_size=shape.block_size, topk=topk or shape.topk, d_idx=cfg.head_dim, dense_layers=())
+    msa = MSAConfig(block_size=shape.block_size, topk=topk or shape.topk, d_idx=cfg.head_dim,
+                    dense_layers=tuple(dense_layers))
     proj = IndexProjections(cfg, msa)
     with torch.no_grad():
         for p in proj.parameters():
             p.normal_(0.0, 0.02)
     proj.to(device=device, dtype=dtype)
-    attn = GraphMSAAttention(msa, proj, IndexRope(cfg, msa.d_idx, torch.device(device)), cfg.num_layers,
-                             cfg.head_dim ** -0.5)
+    cls = GraphMSAAttention if kind == "msa" else MSAAttention
+    attn = cls(msa, proj, IndexRope(cfg, msa.d_idx, torch.device(device)), cfg.num_layers, cfg.head_dim ** -0.5)
     return attn, msa.d_idx, proj.layer_ids
 
 

@@ -24,12 +24,36 @@ def decode_tables(rows: list[dict]) -> list[str]:
         out.append("")
     hf = [r for r in rows if r["bench"] == "vs_hf"]
     if hf:
-        out += ["| model | batch | prompt | new tokens | ours decode tok/s | HF decode tok/s | speed-up |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
-        out += [f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['new']} | {r['ours_tok_s']:.1f} | "
-                f"{r['hf_tok_s']:.1f} | **{r['speedup']:.2f}x** |" for r in hf]
+        out += ["| model | batch | prompt | new tokens | ours decode tok/s | HF default tok/s | ours / HF default | "
+                "HF compiled tok/s | ours / HF compiled | HF compile s |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in hf:
+            eager = (f"{r['hf_tok_s']:.1f} | **{r['speedup']:.2f}x**" if "hf_tok_s" in r else "- | -")
+            comp = (f"{r['hf_compiled_tok_s']:.1f} | **{r['speedup_compiled']:.2f}x** | {r['hf_compile_s']:.1f}"
+                    if "hf_compiled_tok_s" in r else f"{r.get('hf_compiled_error', 'not run')} | - | -")
+            out.append(f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['new']} | {r['ours_tok_s']:.1f} | "
+                       f"{eager} | {comp} |")
         out.append("")
     return out
+
+
+def msa_graph_tables(rows: list[dict]) -> list[str]:
+    """bench_msa_graphs.py: decode tokens/s per mode, MSA graphs against the eager MSA path and dense."""
+    g = [r for r in rows if r["bench"] == "msa_graphs"]
+    if not g:
+        return []
+    by = {(r["model"], r["ctx"], r["batch"], r["mode"]): r for r in g}
+    out = ["| model | context | batch | msa-eager tok/s (before) | msa-plan tok/s (graphs off) | "
+           "msa-graphs tok/s (now) | now / before | dense-graphs tok/s | msa-graphs / dense |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for model, ctx, b in sorted({(r["model"], r["ctx"], r["batch"]) for r in g}):
+        t = {m: by[(model, ctx, b, m)]["tok_s"] for m in ("msa-eager", "msa-plan", "msa-graphs", "dense-graphs")
+             if (model, ctx, b, m) in by}
+        cell = lambda m: f"{t[m]:.0f}" if m in t else "-"  # noqa: E731
+        ratio = lambda a, c: f"**{t[a] / t[c]:.2f}x**" if a in t and c in t else "-"  # noqa: E731
+        out.append(f"| {model} | {ctx} | {b} | {cell('msa-eager')} | {cell('msa-plan')} | {cell('msa-graphs')} | "
+                   f"{ratio('msa-graphs', 'msa-eager')} | {cell('dense-graphs')} | {ratio('msa-graphs', 'dense-graphs')} |")
+    return out + [""]
 
 
 def msa_tables(rows: list[dict]) -> list[str]:
@@ -37,16 +61,15 @@ def msa_tables(rows: list[dict]) -> list[str]:
     pre = [r for r in rows if r["bench"] == "prefill"]
     if pre:
         by = {(r["attention"], r["ctx"]): r for r in pre}
-        out += ["| context | layers | chunk | MSA TTFT s | dense TTFT s | dense / MSA | MSA peak GiB | dense peak GiB |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += ["| context | layers | MSA chunk | dense chunk | MSA TTFT s | dense TTFT s | dense / MSA | MSA peak GiB "
+                "| dense peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for ctx in sorted({r["ctx"] for r in pre}):
             m, d = by.get(("msa", ctx)), by.get(("dense", ctx))
+            f = lambda r, k, fmt: format(r[k], fmt) if r else "-"  # noqa: E731
             ratio = f"**{d['ttft_s'] / m['ttft_s']:.1f}x**" if m and d else "-"
-            out.append(f"| {ctx} | {(m or d)['layers']} | {(m or d)['chunk']} | {m['ttft_s']:.3f} | "
-                       f"{d['ttft_s']:.3f} | {ratio} | {m['peak_gib']:.1f} | {d['peak_gib']:.1f} |" if m and d else
-                       f"| {ctx} | {(m or d)['layers']} | {(m or d)['chunk']} | "
-                       f"{m['ttft_s'] if m else '-'} | {d['ttft_s'] if d else 'not run'} | - | "
-                       f"{m['peak_gib'] if m else '-'} | - |")
+            out.append(f"| {ctx} | {(m or d)['layers']} | {f(m, 'chunk', 'd')} | {f(d, 'chunk', 'd')} | "
+                       f"{f(m, 'ttft_s', '.3f')} | {f(d, 'ttft_s', '.3f')} | {ratio} | {f(m, 'peak_gib', '.1f')} | "
+                       f"{f(d, 'peak_gib', '.1f')} |")
         out.append("")
     dec = [r for r in rows if r["bench"] == "decode"]
     if dec:
@@ -66,7 +89,7 @@ def main() -> None:
     lines = []
     for path in sys.argv[1:]:
         rows = json.load(open(path))
-        lines += decode_tables(rows) + msa_tables(rows)
+        lines += decode_tables(rows) + msa_tables(rows) + msa_graph_tables(rows)
         lines += [f"error: {r}" for r in rows if r["bench"] == "error"]
     print("\n".join(lines))
 

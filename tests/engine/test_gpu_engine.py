@@ -69,18 +69,22 @@ def test_gpu_chunked_prefill_logits_match_cpu():
 
 
 def test_msa_graph_decode_equals_eager_on_random_stack():
-    """GraphMSAAttention: graph replay gives the eager plan path's greedy tokens, bf16, one request at
-    a 3000-token context (past k blocks) with max_model_len = its page width (same plan sizes)."""
+    """GraphMSAAttention: graph replay gives the eager plan path's greedy tokens and those of the plain
+    MSAAttention decode (per-layer kernel calls, the path before the graphs were wired in), bf16, one
+    request at a 3000-token context (past k blocks) with max_model_len = its page width (same plan sizes)."""
     from benchmarks.engine_gpu.common import make_attention, random_prompt
+    from engine.attention.msa import MSAAttention
+    from engine.gpu.msa_graph import GraphMSAAttention
     from engine.random_model import random_engine, random_model, shape_config
 
     cfg = shape_config("m3-attn", num_layers=2, hidden_size=512, intermediate_size=1024, vocab_size=1000,
                        max_position=8192)
     model = random_model(cfg, "cuda", dtype=torch.bfloat16, seed=3)
     toks = []
-    for graphs in (True, False):
+    for kind, graphs in (("msa", True), ("msa", False), ("msa-eager", True)):
         torch.manual_seed(0)
-        attn, d_idx, layers = make_attention(cfg, "msa")
+        attn, d_idx, layers = make_attention(cfg, kind)
+        assert type(attn) is (GraphMSAAttention if kind == "msa" else MSAAttention)
         eng = random_engine(model, attn, "cuda", kv_cache_tokens=16384, max_num_seqs=4, max_model_len=3072,
                             cuda_graphs=graphs, index_dim=d_idx, index_layers=layers)
         eng.add_request("0", random_prompt(3000, 1000, 0), SamplingParams(max_tokens=24, ignore_eos=True))
@@ -89,5 +93,6 @@ def test_msa_graph_decode_equals_eager_on_random_stack():
             for o in eng.step():
                 got.setdefault(o.request_id, []).extend(o.new_token_ids)
         toks.append(got)
-        assert (eng.graph_runner is not None and bool(eng.graph_runner.graphs)) == graphs
-    assert toks[0] == toks[1]
+        # plain MSAAttention is not capturable: the engine decodes it eagerly even with graphs asked for
+        assert (eng.graph_runner is not None and bool(eng.graph_runner.graphs)) == (kind == "msa" and graphs)
+    assert toks[0] == toks[1] == toks[2]

@@ -166,15 +166,19 @@ def test_cache_sizing_and_scratch_page():
     assert bm.table_tensor("a").tolist() == bm.tables["a"] and 3 not in bm.tables["a"]
 
 
-def test_msa_plan_hook_matches_engine_msa_decode():
-    """GraphMSAAttention's plan path (what the graphs capture) equals MSAAttention's decode path."""
+@pytest.mark.parametrize("dense_layers", [(), (0,)])
+def test_msa_plan_hook_matches_engine_msa_decode(dense_layers):
+    """GraphMSAAttention's plan path (what the graphs capture) equals MSAAttention's decode path,
+    with every layer MSA and with a dense first layer (its DenseDecodePlan), as the shipped adapters have."""
     from benchmarks.engine_gpu.common import make_attention
 
     cfg = shape_config("m3-attn", vocab_size=300, hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2,
                        head_dim=64, intermediate_size=96, max_position=4096)
     model = random_model(cfg, "cpu", dtype=torch.float32, seed=2)
     torch.manual_seed(0)
-    attn, d_idx, layers = make_attention(cfg, "msa", device="cpu", dtype=torch.float32, topk=4)
+    attn, d_idx, layers = make_attention(cfg, "msa", device="cpu", dtype=torch.float32, topk=4,
+                                         dense_layers=dense_layers)
+    assert layers == tuple(i for i in range(2) if i not in dense_layers)
     eng = random_engine(model, attn, "cpu", kv_cache_tokens=4096, page_size=64, max_num_seqs=4,
                         max_num_batched_tokens=1024, index_dim=d_idx, index_layers=layers)
     p = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -188,6 +192,20 @@ def test_msa_plan_hook_matches_engine_msa_decode():
     read_ref = meta.stats["keys_read"]
     meta.stats = {}
     attn.plan_decode(meta, eng.shapes, key="eager")
+    assert (meta.decode_plan.dense is not None) == bool(dense_layers)
     h_plan = eng.model.hidden_states(ids, pos, meta, eng.cache, eng.attention)
     assert torch.allclose(h_plan, h_ref, atol=1e-4, rtol=1e-4)
     assert meta.stats["keys_read"] == read_ref
+
+
+def test_msa_attention_class_graphs_on_cuda_only():
+    """`--attention msa` on a GPU gets the capturable GraphMSAAttention; msa-ref and the CPU keep MSAAttention."""
+    from engine.attention.msa import MSAAttention
+    from engine.gpu.msa_graph import GraphMSAAttention
+    from engine.msa_setup import msa_attention_class
+
+    assert msa_attention_class("auto", torch.device("cuda")) is GraphMSAAttention
+    assert msa_attention_class("auto", "cuda:0") is GraphMSAAttention
+    assert msa_attention_class("torch", torch.device("cuda")) is MSAAttention
+    assert msa_attention_class("auto", torch.device("cpu")) is MSAAttention
+    assert not getattr(MSAAttention, "supports_cuda_graphs", False) and GraphMSAAttention.supports_cuda_graphs
