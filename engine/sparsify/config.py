@@ -19,12 +19,21 @@ class SparsifyConfig:
     steps: int = 20  # per layer, after the warm-up: KL over the selected blocks
     queries: int = 128  # query positions sampled per step
     lr: float = 2e-3
+    teacher: str = "mean"  # "mean" (msa-spec) | "max" (per-key max over the group's heads)
+    long_range: float = 0.0  # share of each step's queries drawn by far mass (0: all uniform)
+    recurrence: float = 0.0  # share of each training sequence's tokens overwritten by copies of earlier spans
     seed: int = 0
     data: tuple[str, ...] = ()
     eval_queries: int = 256  # evenly spaced positions of the held-out sequence for the recall
     device: str | None = None
 
     def __post_init__(self) -> None:
+        if self.teacher not in ("mean", "max"):
+            raise ValueError(f"--teacher {self.teacher!r}: use mean or max")
+        if not 0.0 <= self.long_range <= 1.0:
+            raise ValueError(f"--long-range {self.long_range} must lie in [0, 1]")
+        if not 0.0 <= self.recurrence <= 0.5:
+            raise ValueError(f"--recurrence {self.recurrence} must lie in [0, 0.5]")
         if self.seq_len < 2 * self.block_size:
             raise ValueError(f"--seq-len {self.seq_len} must be at least two blocks ({2 * self.block_size})")
         if self.tokens < self.seq_len:

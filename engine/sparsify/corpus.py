@@ -145,3 +145,32 @@ def token_sequences(docs: list[Document], tokenizer, n_seqs: int, seq_len: int) 
         raise CorpusError(f"the calibration data has {len(ids)} tokens, {need} are needed "
                           f"({n_seqs} x {seq_len}): add --data or lower --tokens / --seq-len")
     return [ids[i * seq_len:(i + 1) * seq_len] for i in range(n_seqs)], used
+
+
+def with_recurrences(ids: list[int], share: float, seed: int, min_gap: int, span: tuple[int, int] = (16, 64)) -> list[int]:
+    """A copy of `ids` in which about `share` of the tokens are overwritten by copies of earlier
+    spans of the same sequence (span lengths uniform in `span`, each copy at least `min_gap` tokens
+    after its source; no copy overwrites another copy or a span already copied from). Built from the calibration text itself,
+    it gives the indexer long-range look-ups to learn: inside a copy, induction / retrieval heads
+    read the source span far back, as they read a needle."""
+    lo, hi = span
+    n = len(ids)
+    out = list(ids)
+    if share <= 0 or n < min_gap + 2 * hi:
+        return out
+    rng = random.Random(seed)
+    taken = bytearray(n)
+    budget, copied = int(share * n), 0
+    for _ in range(100 * max(1, budget // lo)):
+        if copied >= budget:
+            break
+        length = rng.randint(lo, hi)
+        t = rng.randint(min_gap + length, n - length)
+        if any(taken[t:t + length]):
+            continue
+        s = rng.randint(0, t - min_gap - length)
+        out[t:t + length] = out[s:s + length]
+        taken[t:t + length] = b"\x01" * length  # neither a later target nor overwritten later
+        taken[s:s + length] = b"\x01" * length
+        copied += length
+    return out

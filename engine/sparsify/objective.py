@@ -5,7 +5,8 @@ Shapes: a sequence of S tokens; Q sampled query positions `pos [Q]`; main attent
 (post-RoPE), k `[S, Hkv, d]`; index q_idx `[Q, Hkv, d_idx]`, k_idx `[S, d_idx]`.
 
 * teacher: per query head the main softmax (scale 1/sqrt(d)) over the support, averaged over the
-  heads of the KV group -> `[Q, Hkv, S]`, no gradient;
+  heads of the KV group -> `[Q, Hkv, S]`, no gradient (option "max": the per-key max over the
+  group's heads, renormalised on the support; `teacher_probs`);
 * student: softmax of q_idx . k_idx / sqrt(d_idx) over the same support;
 * dense warm-up: support = the whole causal history `j <= pos`;
 * sparse: support = the tokens `j <= pos` of the blocks the student itself selects (top k-1 history
@@ -65,13 +66,32 @@ def expand_blocks(sel: torch.Tensor, block: int, seq_len: int) -> torch.Tensor:
     return sel.repeat_interleave(block, dim=-1)[..., :seq_len]
 
 
-def kl_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+TEACHERS = ("mean", "max")
+
+
+def teacher_probs(t_logits: torch.Tensor, support: torch.Tensor, teacher: str = "mean") -> torch.Tensor:
+    """Group teacher `[Q, Hkv, S]` from main logits `[Q, Hkv, G, S]` on `support` (bool `[Q, Hkv, S]`).
+
+    Each head is renormalised over the support first. "mean" (msa-spec section 3): the average of
+    the group's heads. "max": per key the largest of the group's head probabilities, renormalised
+    over the support, so a key that one head alone reads (a retrieval head) keeps its weight
+    instead of being divided by the group size."""
+    if teacher not in TEACHERS:
+        raise ValueError(f"teacher {teacher!r} is not one of {TEACHERS}")
+    p = torch.softmax(t_logits.masked_fill(~support[:, :, None, :], float("-inf")), dim=-1)
+    if teacher == "mean":
+        return p.mean(2)
+    m = p.amax(2)
+    return m / m.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def kl_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, support: torch.Tensor, teacher: str = "mean") -> torch.Tensor:
     """Mean KL(teacher || student) over (query, group) on `support` (bool `[Q, Hkv, S]`).
 
-    t_logits `[Q, Hkv, G, S]` main logits (each head renormalised over the support, then averaged),
-    s_logits `[Q, Hkv, S]` student logits."""
+    t_logits `[Q, Hkv, G, S]` main logits (the group teacher of `teacher_probs`), s_logits
+    `[Q, Hkv, S]` student logits."""
     neg = float("-inf")
-    t = torch.softmax(t_logits.masked_fill(~support[:, :, None, :], neg), dim=-1).mean(2)
+    t = teacher_probs(t_logits, support, teacher)
     log_s = torch.log_softmax(s_logits.masked_fill(~support, neg), dim=-1)
     log_t = torch.log(t.clamp_min(1e-30))
     kl = torch.where(t > 0, t * (log_t - log_s.clamp_min(-1e30)), torch.zeros_like(t)).sum(-1)
@@ -89,3 +109,11 @@ def mass_recall(t_logits: torch.Tensor, s_logits: torch.Tensor, pos: torch.Tenso
     p = torch.softmax(t_logits, dim=-1)
     sup = sparse_support(s_logits, pos, block, topk)
     return (p * sup[:, :, None, :]).sum(-1)
+
+
+def far_mass(t_logits: torch.Tensor, pos: torch.Tensor, block: int) -> torch.Tensor:
+    """`[Q]`: per query the largest (over heads) dense mass outside the own block, i.e. on keys
+    before `(pos // B) * B` -- how much a query reads from far away."""
+    p = torch.softmax(t_logits, dim=-1)  # [Q, Hkv, G, S]
+    far = torch.arange(t_logits.shape[-1], device=pos.device)[None, :] < ((pos // block) * block)[:, None]
+    return (p * far[:, None, None, :]).sum(-1).flatten(1).amax(1)

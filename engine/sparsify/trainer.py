@@ -3,7 +3,9 @@ recipe (msa-spec section 3; `objective.py`), one layer at a time from cached act
 
 Per MSA layer: `warmup_steps` Adam steps of dense KL over the whole causal history, then `steps`
 of KL over the blocks the indexer selects; each step samples `queries` positions of one training
-sequence. Before and after, the attention-mass recall of the selection is measured on a held-out
+sequence (uniform positions, or partly the queries that read farthest: `long_range`; teacher
+"mean" or "max" over the group's heads: `teacher`; training sequences optionally seeded with
+copies of their own earlier spans: `recurrence`). Before and after, the attention-mass recall of the selection is measured on a held-out
 sequence. A checkpoint (the projections so far + the finished layers' figures) is written after
 each layer, so an interrupted run resumes at the next layer. Output in `out`: the adapter
 (`indexer.safetensors`, `msa_config.json`) and `provenance.json`.
@@ -26,7 +28,7 @@ from engine.msa.projections import IndexProjections, IndexRope
 from engine.sparsify import objective as obj
 from engine.sparsify.activations import collect_hidden, main_qk
 from engine.sparsify.config import SparsifyConfig
-from engine.sparsify.corpus import builtin_documents, token_sequences, user_documents
+from engine.sparsify.corpus import builtin_documents, token_sequences, user_documents, with_recurrences
 
 CKPT = ".checkpoint"
 
@@ -75,6 +77,21 @@ class LayerTrainer:
             kl.append(obj.kl_loss(t, s, obj.causal_mask(pos, S)[:, None, :].expand_as(s)) * len(pos))
         return {"recall": float(torch.cat(rec).mean()), "kl_dense": float(sum(kl) / len(pos_all))}
 
+    @torch.no_grad()
+    def _sample_queries(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """Sorted query positions `[queries]` of training sequence n: uniform, except a `long_range`
+        share picked as the queries with the largest far mass (`objective.far_mass`) out of a
+        uniform pool four times that size (positions past the first block)."""
+        cfg, S, B = self.cfg, self.h.shape[1], self.msa.block_size
+        n_far = round(cfg.long_range * cfg.queries)
+        pos = torch.randint(1, S, (cfg.queries - n_far,), generator=gen)
+        if n_far:
+            pool = torch.randint(B, S, (4 * n_far,), generator=gen).to(self.dev)
+            q, k = self.qk[n]
+            far = torch.cat([obj.far_mass(obj.head_logits(q[c], k, c), c, B) for c in pool.split(256)])
+            pos = torch.cat([pos.to(self.dev), pool[far.topk(n_far).indices]])
+        return pos.sort().values.to(self.dev)
+
     def train(self, gen: torch.Generator, on_step: Callable[[float], None]) -> list[float]:
         cfg, S = self.cfg, self.h.shape[1]
         params = [p for p in self.ix.parameters()]
@@ -88,13 +105,13 @@ class LayerTrainer:
         n_train = self.h.shape[0] - 1
         for step in range(total):
             n = int(torch.randint(n_train, (1,), generator=gen))
-            pos = torch.randint(1, S, (cfg.queries,), generator=gen).sort().values.to(self.dev)
+            pos = self._sample_queries(n, gen)
             t, s = self._logits(n, pos, grad=True)
             if step < cfg.warmup_steps:
                 support = obj.causal_mask(pos, S)[:, None, :].expand_as(s)
             else:
                 support = obj.sparse_support(s, pos, self.msa.block_size, self.msa.topk)
-            loss = obj.kl_loss(t, s, support)
+            loss = obj.kl_loss(t, s, support, cfg.teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -184,6 +201,9 @@ def sparsify(cfg: SparsifyConfig, command: str = "", progress: bool = True,
     proj.to(device)
     docs = user_documents(list(cfg.data), cfg.seed) if cfg.data else builtin_documents(cfg.seed)
     seqs, sources = token_sequences(docs, llm.tokenizer, cfg.n_train + 1, cfg.seq_len)
+    if cfg.recurrence:  # training sequences only; the held-out one stays natural text
+        seqs[:cfg.n_train] = [with_recurrences(x, cfg.recurrence, cfg.seed * 7919 + n, min_gap=2 * msa.block_size)
+                              for n, x in enumerate(seqs[:cfg.n_train])]
     out.mkdir(parents=True, exist_ok=True)
     done = _load_checkpoint(out, cfg, proj)
     todo = [i for i in proj.layer_ids if str(i) not in done]
@@ -218,6 +238,7 @@ def sparsify(cfg: SparsifyConfig, command: str = "", progress: bool = True,
     prov = {
         "base": base, "msa": msa.to_dict(), "settings": cfg.identity(), "command": command,
         "data": {"kind": "user" if cfg.data else "builtin (python stdlib sources + installed package descriptions)",
+                 "recurrence": cfg.recurrence,
                  "documents_used": len(sources), "first_sources": sources[:20],
                  "train_sequences": cfg.n_train, "heldout_sequences": 1, "seq_len": cfg.seq_len},
         "recall_eval": {"heldout_queries": cfg.eval_queries, "seq_len": cfg.seq_len},

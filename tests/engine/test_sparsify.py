@@ -135,3 +135,83 @@ def test_cli_sparsify_bad_input_one_line(tiny, tmp_path):
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
     r = CliRunner().invoke(cli, ["sparsify", "--model", str(gpt2), "--out", str(tmp_path / "b")])
     assert r.exit_code != 0 and "not supported" in str(r.exception) and "\n" not in str(r.exception)
+
+
+def test_max_teacher_keeps_a_single_heads_key_mean_divides_it():
+    from engine.sparsify.objective import teacher_probs
+
+    # one group of 3 heads over 6 keys: heads 0, 1 read key 0; head 2 alone reads key 4
+    logits = torch.full((1, 1, 3, 6), -20.0)
+    logits[0, 0, 0, 0] = logits[0, 0, 1, 0] = logits[0, 0, 2, 4] = 20.0
+    support = torch.ones(1, 1, 6, dtype=torch.bool)
+    mean, mx = teacher_probs(logits, support, "mean"), teacher_probs(logits, support, "max")
+    assert torch.allclose(mean.sum(-1), torch.ones(1, 1)) and torch.allclose(mx.sum(-1), torch.ones(1, 1))
+    assert mean[0, 0, 4] == pytest.approx(1 / 3, abs=1e-4) and mx[0, 0, 4] == pytest.approx(0.5, abs=1e-4)
+    support[..., 4] = False  # off the support: no mass; head 2 turns uniform (0.2) over the 5 left keys
+    mx = teacher_probs(logits, support, "max")
+    assert mx[0, 0, 4] == 0 and mx[0, 0, 0] == pytest.approx(1 / 1.8, abs=1e-4)
+    assert mx[0, 0, 1] == pytest.approx(0.2 / 1.8, abs=1e-4)
+    with pytest.raises(ValueError, match="mean"):
+        teacher_probs(logits, support, "median")
+
+
+def test_far_mass_is_the_largest_head_mass_before_the_own_block():
+    from engine.sparsify.objective import far_mass, head_logits
+
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(256, 1, 64, generator=g)
+    q = torch.zeros(2, 2, 64)
+    q[0, 1] = k[10, 0] * 4  # query at 200 (own block 128..255): head 1 reads key 10, far away
+    q[1, 1] = k[199, 0] * 4  # query at 200: head 1 reads key 199, inside its own block
+    fm = far_mass(head_logits(q, k, torch.tensor([200, 200])), torch.tensor([200, 200]), 128)
+    assert fm[0] > 0.95 and fm[1] < 0.7  # head 0 is uniform over 201 keys: 128/201 of it is far
+
+
+def test_with_recurrences_copies_earlier_spans_far_back():
+    from engine.sparsify.corpus import with_recurrences
+
+    ids = list(range(10_000, 14_096))
+    out = with_recurrences(ids, 0.2, seed=1, min_gap=256)
+    changed = [i for i, (a, b) in enumerate(zip(ids, out)) if a != b]
+    assert len(out) == len(ids) and 0.15 * len(ids) <= len(changed) <= 0.25 * len(ids)
+    for i in changed:  # every overwritten token is an original token from at least 256 positions earlier
+        assert ids.index(out[i]) <= i - 256
+    assert with_recurrences(ids, 0.2, seed=1, min_gap=256) == out and with_recurrences(ids, 0.0, 1, 256) == ids
+
+
+def test_needle_probe_hits_when_the_indexer_scores_the_needle_block():
+    from engine.sparsify.probe import block_hits, probe, span_blocks
+
+    assert span_blocks((130, 140), 64).tolist() == [2] and span_blocks((120, 140), 64).tolist() == [1, 2]
+    g = torch.Generator().manual_seed(1)
+    S, B = 1024, 64
+    k = torch.randn(S, 2, 64, generator=g) * 0.1
+    k_idx = torch.randn(S, 64, generator=g) * 0.1
+    pos = torch.tensor([1000, 1010])
+    q = torch.zeros(2, 4, 64)
+    q[:, 0] = k[300, 0] * 500  # head 0 of group 0 reads the needle token 300 (block 4)
+    q_idx = torch.zeros(2, 2, 64)
+    q_idx[:, 0] = k_idx[300] * 200  # group 0's index query finds it; group 1's scores another token
+    q_idx[:, 1] = k_idx[40] * 200
+    res = probe(q, k, q_idx, k_idx, pos, (298, 305), B, topk=2)  # 1 history block + the own one
+    assert res.hit.tolist() == [[True, False], [True, False]]
+    assert (res.needle_mass[:, 0, 0] > 0.99).all() and (res.needle_mass[:, 1] < 0.2).all()
+    assert (res.selected_mass[:, 0, 0] > 0.99).all()
+    sel = torch.zeros(1, 1, 16, dtype=torch.bool)
+    sel[0, 0, [4, 5]] = True
+    assert block_hits(sel, torch.tensor([4, 5])).item() and not block_hits(sel, torch.tensor([5, 6])).item()
+    with pytest.raises(ValueError, match="after the needle"):
+        probe(q, k, q_idx, k_idx, torch.tensor([100, 1000]), (298, 305), B, topk=2)
+
+
+def test_sparsify_max_teacher_long_range_recurrence_trains(tiny, tmp_path):
+    from engine.sparsify import sparsify
+
+    model, data = tiny
+    prov = sparsify(tiny_cfg(model, data, tmp_path / "ad", teacher="max", long_range=0.5, recurrence=0.2),
+                    progress=False)
+    assert prov["settings"]["teacher"] == "max" and prov["data"]["recurrence"] == 0.2
+    for v in prov["layers"].values():
+        assert v["loss_last"] < v["loss_first"] and v["kl_dense_after"] < v["kl_dense_before"]
+    with pytest.raises(ValueError, match="--teacher"):
+        tiny_cfg(model, data, tmp_path / "x", teacher="median")
