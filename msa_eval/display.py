@@ -92,6 +92,16 @@ def report_tables(rep: Any) -> None:
     console.print(e)
     for n in rep.notes:
         info(f"[dim]note: {escape(n)}[/]")
+    if getattr(rep, "judge", None):
+        judge_table(rep.judge)
+
+
+def judge_table(rows: list[dict[str, Any]]) -> None:
+    """The optional judge's grades, apart from the headline table."""
+    from msa_eval.report.writers import JUDGE_FIELDS
+
+    table("optional judge (0-100, rubric 0-3; NOT in the headline scores)", JUDGE_FIELDS,
+          [["" if r[f] is None else r[f] for f in JUDGE_FIELDS] for r in rows])
 
 
 def dry_run_table(rows: list[dict[str, Any]]) -> None:
