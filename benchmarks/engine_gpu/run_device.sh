@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > $
 WHAT=${1:-tests,decode,msa}
 TESTS=${TESTS:-tests/engine/test_gpu_engine.py tests/engine/test_gpu_ops.py}
 if [[ $WHAT == *tests* ]]; then
-  timeout ${T_TESTS:-150} python3 -m pytest -q -x $TESTS -p no:cacheprovider --durations=5 2>&1 | tee $OUT/tests.log | tail -25
+  timeout ${T_TESTS:-150} python3 -m pytest -q $TESTS -p no:cacheprovider --durations=5 2>&1 | tee $OUT/tests.log | tail -25
 fi
 if [[ $WHAT == *msagraphs* ]]; then
   timeout ${T_GRAPHS:-90} python3 benchmarks/engine_gpu/bench_msa_graphs.py --out $OUT ${GRAPHS_ARGS:-} \
