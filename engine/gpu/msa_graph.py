@@ -1,5 +1,7 @@
 """MSA attention with capturable decode: the engine's `MSAAttention` (engine/attention/msa.py, its
 prefill path unchanged) plus the decode-plan hook, so decode steps replay from CUDA graphs.
+`--attention msa` gets it on a CUDA device (`engine.msa_setup.msa_attention_class`); with the
+engine's `cuda_graphs` off the same plans launch eagerly, one plan per step instead of per layer.
 
 Per decode step `plan_decode` fills one `kernels.decode.MSADecodePlan` (indexer + sparse
 attention over the top-k pages) and one `DenseDecodePlan` (the configured dense layers); each
