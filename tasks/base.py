@@ -42,15 +42,20 @@ class TokenCounter(Protocol):
     ) -> str: ...
 
 
+ChatPrefix = Literal["omit", "user", "assistant"]
+
+
 @dataclass
 class PromptParts:
     """A prompt split so that only `context` is ever truncated (HELMET policy).
 
     Rendered text = before + context + after; in completion mode the answer prefix follows
-    on a new line (the model continues after it); in chat mode the user turn is
-    before + context + after, without the prefix (HELMET's chat policy: chat endpoints
-    cannot prefill the assistant turn, and small chat models given the prefix as a last
-    user line tend to echo it and stop); `prefix_in_chat=True` appends it (RULER's API mode).
+    on a new line (the model continues after it). In chat mode the user turn is
+    before + context + after and `chat_prefix` places the answer prefix:
+      "omit"      -- not sent (HELMET's chat policy);
+      "user"      -- appended to the user turn (RULER's API mode);
+      "assistant" -- a final assistant message the model continues (RULER/HELMET put the
+                     prefix right after the generation prompt; see `continue_chat_text`).
     """
 
     before: str
@@ -58,7 +63,23 @@ class PromptParts:
     after: str
     answer_prefix: str = ""
     system: str | None = None
-    prefix_in_chat: bool = False
+    chat_prefix: ChatPrefix = "omit"
+
+
+def continues_assistant(messages: list[dict[str, Any]] | None) -> bool:
+    """True when a chat ends with an assistant message the model must continue (a prefill)."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
+def continue_chat_text(messages: list[dict[str, Any]], tok: TokenCounter) -> str:
+    """The templated text of a chat whose last message is an assistant prefill: the template
+    of the earlier turns with the generation prompt, then the prefill verbatim (what
+    `continue_final_message` gives for ChatML-style templates). A chat without a prefill is
+    rendered with the generation prompt as usual."""
+    if not continues_assistant(messages):
+        return tok.apply_chat_template(messages, add_generation_prompt=True)
+    head = tok.apply_chat_template(messages[:-1], add_generation_prompt=True)
+    return head + (messages[-1].get("content") or "")
 
 
 @dataclass
@@ -133,6 +154,7 @@ class Task(ABC):
     max_tokens: ClassVar[int] = 64
     stop: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
+    open_ended: ClassVar[bool] = False  # free-form output an optional judge may grade (msa_eval/judge.py)
 
     @abstractmethod
     def build(self, index: int, spec: BuildSpec) -> Sample:
@@ -153,7 +175,7 @@ class Task(ABC):
         return {
             "name": self.name, "category": self.category, "fidelity": self.fidelity,
             "metric": self.metric, "max_tokens": self.max_tokens,
-            "stop": list(self.stop), "description": self.description,
+            "stop": list(self.stop), "description": self.description, "open_ended": self.open_ended,
         }
 
 

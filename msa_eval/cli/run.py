@@ -36,15 +36,26 @@ def register(group: click.Group) -> None:
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/<suite>-<backend>-<config hash>).")
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
               help="Backend option, repeatable (openai: max_retries=0, chat_only=true, ...; local: max_num_seqs=4, ...).")
+@click.option("--judge", "judge", default=None, metavar="SPEC",
+              help="Optional judge of the open-ended tasks (summ, longqa), off by default and never in the "
+                   "headline: local[:MODEL[:ATTENTION]], openai:MODEL@BASE_URL or preset:NAME.")
+@click.option("--judge-opt", "judge_opts", multiple=True, metavar="KEY=VALUE",
+              help="Judge backend option, repeatable (e.g. api_key_env=MY_KEY).")
 @click.option("--dry-run", is_flag=True, help="Build prompts and show token counts (with --json: the prompts); load no model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
-        mode, seed, concurrency, limit, out, backend_opts, dry_run, as_json) -> None:
+        mode, seed, concurrency, limit, out, backend_opts, judge, judge_opts, dry_run, as_json) -> None:
     """Run SUITE (a name under configs/ or a YAML path) and print the side-by-side report."""
     from msa_eval.cli.run_setup import RunArgs, prepare
 
     args = RunArgs(suite, backend_kind, model, attention, base_url, reference, lengths, samples,
                    task_names, mode, seed, concurrency, limit, out, backend_opts)
+    judge_spec = None
+    if judge:
+        from msa_eval.judge import parse_judge_spec
+        from msa_eval.runner.config import parse_backend_opts
+
+        judge_spec = parse_judge_spec(judge, parse_backend_opts(tuple(judge_opts)))
     prep = prepare(args)
     if dry_run:
         if as_json:  # every prompt, exactly as each backend would receive it
@@ -66,7 +77,14 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
     display.info(f"run directory: {prep.run_dir}")
     try:
         with display.RunProgress() as progress:
-            result = run_suite(prep.cfg, prep.run_dir, prep.plan, prep.reference_info, progress=progress)
+            result = run_suite(prep.cfg, prep.run_dir, prep.plan, prep.reference_info, progress=progress,
+                               reference_tokenizer=prep.tokenizer)
+            if judge_spec is not None:
+                from msa_eval.judge_run import judge_run
+                from msa_eval.runner.run import default_factory
+
+                counts = judge_run(prep.run_dir, {s.id: s for p in prep.plan for s in p.samples},
+                                   judge_spec, default_factory, progress=progress)
     except BackendError as e:  # harness failure: one line; the records written so far are kept
         raise MsaEvalError(str(e)) from None
     records = load_runs([prep.run_dir])
@@ -81,3 +99,6 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
         display.report_tables(rep)
     display.info(f"[dim]{result.generated} generated, {result.skipped} resumed, {result.errors} errors; "
                  f"report: {paths['markdown']}[/]")
+    if judge_spec is not None:
+        display.info(f"[dim]judge: {counts['judged']} judged, {counts['skipped']} kept, "
+                     f"{counts['errors']} errors (not in the headline)[/]")

@@ -40,6 +40,7 @@ class Prepared:
     plan: list[PlannedTask]
     run_dir: Path
     reference_info: dict[str, Any]
+    tokenizer: Any = None  # the reference tokenizer (renders assistant-prefill chats for openai backends)
 
     @property
     def n_samples(self) -> int:
@@ -111,7 +112,7 @@ def prepare(a: RunArgs) -> Prepared:
                     concurrency=conc)
     plan = build_plan(suite, lengths, tok, limit=a.limit)
     run_dir = a.out or Path("runs") / f"{Path(suite.name).stem}-{a.backend}-{cfg.config_hash()}"
-    return Prepared(_default_cache_dir(cfg, run_dir), plan, run_dir, info)
+    return Prepared(_default_cache_dir(cfg, run_dir), plan, run_dir, info, tok)
 
 
 def _default_cache_dir(cfg: RunConfig, run_dir: Path) -> RunConfig:

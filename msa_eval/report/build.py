@@ -22,6 +22,8 @@ class Report:
     deltas: list[dict[str, Any]]  # {a, b, length, name, kind, delta, lo, hi, n}
     efficiency: list[dict[str, Any]]  # one per column
     notes: list[str] = field(default_factory=list)
+    # optional judge (never in rows/deltas): {judge, task, column, mean (0-100), n, unparsed, errors}
+    judge: list[dict[str, Any]] = field(default_factory=list)
 
     @staticmethod
     def col(backend: str, length: int) -> str:
@@ -92,7 +94,27 @@ def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0)
     notes = []
     if not _pairs(backends):
         notes.append("no MSA/dense pair among the backends: no deltas")
-    return Report(columns, rows, deltas, _efficiency(records, columns), notes)
+    return Report(columns, rows, deltas, _efficiency(records, columns), notes, judge_rows(records, columns))
+
+
+def judge_rows(records: list[SampleRecord], columns) -> list[dict[str, Any]]:
+    """The optional judge's verdicts per (judge, task, column): mean normalised score x 100
+    over parsed verdicts, with counts. Kept apart from the headline rows and deltas."""
+    out = []
+    judged = [r for r in records if r.judge]
+    for key in sorted({r.judge["judge"] for r in judged}):
+        mine = [r for r in judged if r.judge["judge"] == key]
+        for t in sorted({r.task for r in mine}):
+            for b, n in columns:
+                rs = [r for r in mine if r.task == t and r.backend == b and r.length == n]
+                if not rs:
+                    continue
+                vals = [r.judge["normalized"] for r in rs if r.judge.get("normalized") is not None]
+                out.append({"judge": key, "task": t, "column": Report.col(b, n),
+                            "mean": _pct(sum(vals) / len(vals)) if vals else None, "n": len(vals),
+                            "unparsed": sum(r.judge.get("status") == "unparsed" for r in rs),
+                            "errors": sum(r.judge.get("status") == "error" for r in rs)})
+    return out
 
 
 def _pct(x: float | None) -> float | None:

@@ -53,7 +53,17 @@ def to_markdown(rep: Report) -> str:
             "empty or failed outputs score 0. Δ: paired over identical prompts, stratified "
             "bootstrap 95% CI."]
     out += [f"Note: {n}" for n in rep.notes]
+    if rep.judge:
+        out += ["", "## Optional judge (not in the headline)", "",
+                "A model's grade (rubric 0-3, shown as 0-100) of the open-ended outputs; it is not "
+                "part of the scores, category means, overall score or deltas above.", "",
+                "| " + " | ".join(JUDGE_FIELDS) + " |", "|" + "---|" * len(JUDGE_FIELDS)]
+        for j in rep.judge:
+            out.append("| " + " | ".join("" if j[f] is None else str(j[f]) for f in JUDGE_FIELDS) + " |")
     return "\n".join(out) + "\n"
+
+
+JUDGE_FIELDS = ("judge", "task", "column", "mean", "n", "unparsed", "errors")
 
 
 def to_csv(rep: Report) -> str:
@@ -85,6 +95,13 @@ def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) ->
         paths["csv"], paths["efficiency_csv"] = out_dir / "report.csv", out_dir / "efficiency.csv"
         atomic_write_text(paths["csv"], to_csv(rep))
         atomic_write_text(paths["efficiency_csv"], efficiency_csv(rep))
+        if rep.judge:
+            paths["judge_csv"] = out_dir / "judge.csv"
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=list(JUDGE_FIELDS))
+            w.writeheader()
+            w.writerows(rep.judge)
+            atomic_write_text(paths["judge_csv"], buf.getvalue())
     if "json" in formats:
         paths["json"] = out_dir / "report.json"
         atomic_write_json(paths["json"], rep.to_dict())

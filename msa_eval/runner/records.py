@@ -44,6 +44,11 @@ class SampleRecord(BaseModel):
     attention_density: float | None = None
     peak_mem_bytes: int | None = None
     error: str | None = None
+    # how the prompt went out: completion | chat | chat-prefill | chat-prefill-ref |
+    # chat-prefix-in-user (runner/requests.py); None in records written before it existed
+    prompt_format: str | None = None
+    # optional judge (msa_eval/judge.py): never part of `score`, the category means or the overall
+    judge: dict[str, Any] | None = None
 
 
 def read_records(path: Path) -> list[SampleRecord]:

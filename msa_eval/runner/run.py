@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from msa_eval.backends.base import Backend, BackendError, GenRequest, GenResult
+from msa_eval.backends.base import Backend, BackendError, GenResult
 from msa_eval.runner.config import BackendSpec, ConfigError, RunConfig
 from msa_eval.runner.manifest import RECORDS, open_run_dir, save_manifest
 from msa_eval.runner.plan import PlannedTask
 from msa_eval.runner.records import SampleRecord, append_records, read_records
-from tasks.base import Sample
+from msa_eval.runner.requests import to_request
+from tasks.base import Sample, TokenCounter
 
 BackendFactory = Callable[[BackendSpec], Backend]
 MAX_ERROR_STREAK = 3  # consecutive failed requests that stop a run (harness error, not data)
@@ -43,12 +44,7 @@ def default_factory(spec: BackendSpec) -> Backend:
     return make_backend(spec.kind, base_url=spec.base_url, model=spec.model, **spec.options)
 
 
-def to_request(s: Sample) -> GenRequest:
-    return GenRequest(id=s.id, prompt=s.prompt, messages=s.messages, max_tokens=s.max_tokens,
-                      temperature=0.0, stop=list(s.stop), seed=s.metadata.get("seed", 0) % (2**31))
-
-
-def to_record(key: str, s: Sample, r: GenResult) -> SampleRecord:
+def to_record(key: str, s: Sample, r: GenResult, prompt_format: str | None = None) -> SampleRecord:
     failed = r.finish_reason == "error" or r.error is not None
     sc = s.score(None if failed else r.text)
     extra = {k: float(v) for k, v in sc.items()
@@ -64,14 +60,17 @@ def to_record(key: str, s: Sample, r: GenResult) -> SampleRecord:
         extraction_failed=bool(sc["extraction_failed"]), finish_reason=r.finish_reason,
         latency_s=r.latency_s, ttft_s=r.ttft_s, prefill_s=r.prefill_s, decode_s=r.decode_s,
         attention_density=r.extra.get("attention_density"),
-        peak_mem_bytes=r.extra.get("peak_mem_bytes"), error=r.error,
+        peak_mem_bytes=r.extra.get("peak_mem_bytes"), error=r.error, prompt_format=prompt_format,
     )
 
 
 def run_suite(
     cfg: RunConfig, run_dir: Path, plan: list[PlannedTask], reference: dict[str, Any],
     factory: BackendFactory = default_factory, progress: Progress | None = None,
+    reference_tokenizer: TokenCounter | None = None,
 ) -> RunResult:
+    """Generate and score every (backend, sample) pair without an ok record. The reference
+    tokenizer renders assistant-prefill chats for backends without their own (requests.py)."""
     manifest = open_run_dir(run_dir, cfg, reference)
     samples = [s for p in plan for s in p.samples]
     manifest["plan"] = {"samples": len(samples), "tasks": sorted({s.task for s in samples}),
@@ -98,8 +97,9 @@ def run_suite(
             streak = 0
             for i in range(0, len(pending), max(1, cfg.concurrency)):
                 batch = pending[i:i + max(1, cfg.concurrency)]
-                results = backend.generate([to_request(s) for s in batch])
-                new = [to_record(key, s, r) for s, r in zip(batch, results)]
+                sent = [to_request(s, backend, reference_tokenizer) for s in batch]
+                results = backend.generate([req for req, _ in sent])
+                new = [to_record(key, s, r, fmt) for s, r, (_, fmt) in zip(batch, results, sent)]
                 append_records(path, new)
                 records.extend(new)
                 result.generated += len(new)

@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from tasks.base import BuildSpec, PromptMode, PromptParts, TaskError, TokenCounter
+from tasks.base import (BuildSpec, PromptMode, PromptParts, TaskError, TokenCounter,
+                        continue_chat_text)
 
 
 def render(parts: PromptParts, mode: PromptMode) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """(prompt, messages): completion text ending with the answer prefix, or chat messages."""
+    """(prompt, messages): completion text ending with the answer prefix, or chat messages
+    (ending with an assistant prefill when `parts.chat_prefix == "assistant"`)."""
     body = parts.before + parts.context + parts.after
     if mode == "completion":
         prompt = body + (("\n" + parts.answer_prefix) if parts.answer_prefix else "")
@@ -24,10 +26,12 @@ def render(parts: PromptParts, mode: PromptMode) -> tuple[str | None, list[dict[
             prompt = parts.system + "\n\n" + prompt
         return prompt, None
     user = body
-    if parts.answer_prefix and parts.prefix_in_chat:
+    if parts.answer_prefix and parts.chat_prefix == "user":
         user += "\n" + parts.answer_prefix
     messages = ([{"role": "system", "content": parts.system}] if parts.system else [])
     messages.append({"role": "user", "content": user})
+    if parts.answer_prefix and parts.chat_prefix == "assistant":
+        messages.append({"role": "assistant", "content": parts.answer_prefix})
     return None, messages
 
 
@@ -36,7 +40,7 @@ def count_tokens(parts: PromptParts, mode: PromptMode, tok: TokenCounter) -> int
     prompt, messages = render(parts, mode)
     if prompt is not None:
         return len(tok.encode(prompt, add_special_tokens=True))
-    return len(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
+    return len(tok.encode(continue_chat_text(messages, tok)))
 
 
 def cut_to_tokens(text: str, n_tokens: int, tok: TokenCounter) -> str:

@@ -68,6 +68,7 @@ class LongQA(_StoryQA):
     name = "longqa"
     metric = "rougeL_f1"
     max_tokens = 24
+    open_ended = True
     description = "offline analogue of HELMET LongQA (En.QA): free-form question on a long story"
 
     def score(self, sample: Sample, output: str | None) -> dict[str, Any]:

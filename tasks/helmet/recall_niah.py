@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
-from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.base import BuildSpec, ChatPrefix, PromptParts, Sample, Task, failed_score
 from tasks.helmet import text
 from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
@@ -27,6 +27,9 @@ class NiahTask(Task):
     key_kind: ClassVar[str] = "words"  # words | uuids
     value_kind: ClassVar[str] = "numbers"  # numbers | uuids
     num_values: ClassVar[int] = 1
+    # chat mode: the answer prefix opens the assistant turn (RULER/HELMET place it right
+    # after the generation prompt), see benchmarks/helmet_default/RESULTS.md
+    chat_prefix: ClassVar[ChatPrefix] = "assistant"
 
     def _key(self, rng: random.Random) -> str:
         return text.word_key(rng) if self.key_kind == "words" else text.uuid_str(rng)
@@ -46,6 +49,23 @@ class NiahTask(Task):
         keys = text.distinct(rng, self._key, n, exclude)
         return [self._needle(k, self._value(rng)) for k in keys]
 
+    def _wording(self, key: str) -> tuple[str, str, str]:
+        """(before, after, answer prefix) in RULER's words; like RULER's `niah.py`, a task
+        asking for ONE value speaks in the singular ("A special magic number ... What is
+        the special magic number ..."): the plural question made the small model list
+        several near-copies. The needle sentences keep the plural ("One of the ...")."""
+        vtype = self.value_kind
+        if self.num_values == 1:
+            one = vtype[:-1]
+            return (f"A special magic {one} is hidden within the following text. Make sure to "
+                    f"memorize it. I will quiz you about the {one} afterwards.\n",
+                    f"\nWhat is the special magic {one} for {key} mentioned in the provided text?",
+                    f"The special magic {one} for {key} mentioned in the provided text is")
+        return (f"Some special magic {vtype} are hidden within the following text. Make sure to "
+                f"memorize it. I will quiz you about the {vtype} afterwards.\n",
+                f"\nWhat are all the special magic {vtype} for {key} mentioned in the provided text?",
+                f"The special magic {vtype} for {key} mentioned in the provided text are")
+
     def build(self, index: int, spec: BuildSpec) -> Sample:
         rng, seed = rng_for(self, spec, index)
         key = self._key(rng)
@@ -53,14 +73,7 @@ class NiahTask(Task):
         depth = depth_for(index)
         # multi-value: first needle at `depth`, the others at seeded depths
         depths = [depth] + [rng.random() for _ in range(self.num_values - 1)]
-        vtype = self.value_kind
-        before = (
-            f"Some special magic {vtype} are hidden within the following text. Make sure to "
-            f"memorize it. I will quiz you about the {vtype} afterwards.\n"
-        )
-        # RULER's wording, plural for every variant
-        after = f"\nWhat are all the special magic {vtype} for {key} mentioned in the provided text?"
-        prefix = f"The special magic {vtype} for {key} mentioned in the provided text are"
+        before, after, prefix = self._wording(key)
 
         def make(n: int, tail: int) -> PromptParts:
             units = self._haystack(seed, n + (1 if tail else 0), {key})
@@ -69,7 +82,7 @@ class NiahTask(Task):
             for d, v in sorted(zip(depths, values), reverse=True):
                 pos = round(d * len(units))
                 units.insert(pos, self._needle(key, v))
-            return PromptParts(before, " ".join(units), after, prefix)
+            return PromptParts(before, " ".join(units), after, prefix, chat_prefix=self.chat_prefix)
 
         fit = fit_parts(make, spec, self.budget(spec), self.name, n_min=1, n_guess=64,
                         tail_max=80)

@@ -2,7 +2,8 @@
 story whose plot is a handful of key hand-over events buried in descriptive filler. Headline
 metric: key-point recall (a key event counts when the summary names its giver, its receiver
 and the item's noun); ROUGE-L F1 against the reference summary is reported beside it. The
-GPT-4o judge HELMET uses is not part of this offline proxy."""
+GPT-4o judge HELMET uses is not part of this offline proxy; `--judge` adds an optional one
+outside the headline (msa_eval/judge.py)."""
 from __future__ import annotations
 
 import random
@@ -23,6 +24,7 @@ class SummAnalogue(Task):
     metric = "keypoint_recall"
     max_tokens = 160
     n_key = 4
+    open_ended = True
     description = "offline proxy of HELMET Summ: summarise the key events of a long story"
 
     def build(self, index: int, spec: BuildSpec) -> Sample:

@@ -81,3 +81,6 @@ def test_helmet_over_http_matches_local_dense(base_url, tmp_path):
         assert r["status"] == local[sid]["status"] == "ok", (sid, r.get("error"), local[sid].get("error"))
         assert (r["output"], r["score"]) == (local[sid]["output"], local[sid]["score"]), sid
         assert r["prompt_tokens"] == local[sid]["prompt_tokens"], sid
+    # the needle's answer prefix is continued: own template (local), reference template over /completions
+    assert (remote["niah_single/512/0000"]["prompt_format"], local["niah_single/512/0000"]["prompt_format"]) == \
+        ("chat-prefill-ref", "chat-prefill")

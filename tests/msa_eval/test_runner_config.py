@@ -129,7 +129,9 @@ def test_tasks_list_and_show(run_cli):
     assert p.returncode == 0, p.stderr
     sample = json.loads(p.stdout)["sample"]
     assert sample["id"] == "niah_mv/2048/0000" and len(sample["answers"]) == 4
-    assert all(a in sample["messages"][-1]["content"] for a in sample["answers"])
+    user = [m["content"] for m in sample["messages"] if m["role"] == "user"][-1]
+    assert all(a in user for a in sample["answers"])
+    assert sample["messages"][-1]["role"] == "assistant"  # the answer prefix, continued by the model
 
 
 def test_dry_run_json_prints_prompts_identical_across_modes_of_backends(run_cli):

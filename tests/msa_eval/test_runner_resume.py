@@ -39,6 +39,8 @@ def test_records_and_manifest_fields(needle_run):
         assert r.backend == "local:dense" and r.mode == "chat" and r.status == "ok"
         assert r.prompt_tokens_ref + 32 <= 2048 and r.prompt_tokens is not None
         assert abs(r.prompt_tokens - r.prompt_tokens_ref) <= 2  # same tokenizer, same text
+        # the answer prefix opens the assistant turn: rendered with the model's own template
+        assert r.prompt_format == "chat-prefill" and r.prompt_tokens == r.prompt_tokens_ref
         assert r.prefill_s and r.prefill_s > 0 and r.latency_s and r.latency_s > 0
         assert r.depth is not None and len(r.prompt_hash) == 16
 

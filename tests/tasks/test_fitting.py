@@ -1,6 +1,6 @@
 import pytest
 
-from tasks.base import BuildSpec, PromptParts, TaskError
+from tasks.base import BuildSpec, PromptParts, TaskError, continue_chat_text
 from tasks.helmet.fitting import count_tokens, cut_to_tokens, fit_parts, render, truncate_context
 
 
@@ -11,8 +11,23 @@ def test_render_modes():
     prompt, messages = render(parts, "chat")  # HELMET chat policy: no answer prefix
     assert prompt is None
     assert messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "B:ctx:A"}]
-    _, messages = render(PromptParts("B:", "ctx", ":A", "Answer:", prefix_in_chat=True), "chat")
+    _, messages = render(PromptParts("B:", "ctx", ":A", "Answer:", chat_prefix="user"), "chat")
     assert messages == [{"role": "user", "content": "B:ctx:A\nAnswer:"}]
+    _, messages = render(PromptParts("B:", "ctx", ":A", "Answer:", chat_prefix="assistant"), "chat")
+    assert messages == [{"role": "user", "content": "B:ctx:A"}, {"role": "assistant", "content": "Answer:"}]
+
+
+def test_assistant_prefill_is_continued_and_counted(ref_tok):
+    """The prefill follows the generation prompt verbatim (no end-of-turn after it), and the
+    fitted token count is that of the continued text."""
+    parts = PromptParts("B:", "ctx", ":A", "The answer is", chat_prefix="assistant")
+    _, messages = render(parts, "chat")
+    text = continue_chat_text(messages, ref_tok)
+    head = ref_tok.apply_chat_template(messages[:1], add_generation_prompt=True)
+    assert text == head + "The answer is"
+    assert not text.endswith("<|im_end|>\n")
+    assert count_tokens(parts, "chat", ref_tok) == len(ref_tok.encode(text))
+    assert continue_chat_text(messages[:1], ref_tok) == head  # no prefill: the usual rendering
 
 
 def test_count_includes_chat_template(ref_tok):

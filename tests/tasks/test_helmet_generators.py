@@ -2,7 +2,7 @@
 gold output scores 1 and a wrong/empty output 0 under the task's own metric."""
 import pytest
 
-from tasks.base import BuildSpec
+from tasks.base import BuildSpec, continue_chat_text
 from tasks.helmet import CATEGORIES
 from tasks.helmet.fitting import count_tokens  # noqa: F401  (imported for clarity of intent)
 from tasks.registry import all_tasks, get_task
@@ -50,7 +50,7 @@ def test_seeded_determinism(name, ref_tok):
 def test_length_within_two_percent(name, length, mode, ref_tok):
     s = get_task(name).build(2, BuildSpec(length, ref_tok, mode))
     if mode == "chat":
-        real = len(ref_tok.encode(ref_tok.apply_chat_template(s.messages, add_generation_prompt=True)))
+        real = len(ref_tok.encode(continue_chat_text(s.messages, ref_tok)))
     else:
         real = len(ref_tok.encode(s.prompt, add_special_tokens=True))
     assert real == s.metadata["prompt_tokens"]
@@ -91,4 +91,25 @@ def test_mode_changes_rendering_not_answers(ref_tok):
     comp = get_task("niah_mk2").build(0, BuildSpec(2048, ref_tok, "completion"))
     assert chat.messages and chat.prompt is None and comp.prompt and comp.messages is None
     assert chat.answers == comp.answers
-    assert comp.prompt.rstrip().endswith("mentioned in the provided text are")
+    assert comp.prompt.rstrip().endswith("mentioned in the provided text is")
+    assert chat.messages[-1] == {"role": "assistant", "content": comp.metadata["answer_prefix"]}
+
+
+@pytest.mark.parametrize("name,one", [("niah_single", True), ("niah_mk3", True), ("niah_mv", False)])
+def test_niah_wording_and_prefill_follow_ruler(name, one, ref_tok):
+    """RULER's singular rewrite when one value is asked; the answer prefix opens the
+    assistant turn in chat mode, so the model's output starts with the value."""
+    s = get_task(name).build(0, BuildSpec(2048, ref_tok, "chat"))
+    user, prefill = s.messages[-2]["content"], s.messages[-1]
+    key, vtype = s.metadata["key"], "uuid" if name == "niah_mk3" else "number"
+    if one:
+        assert user.startswith(f"A special magic {vtype} is hidden within the following text.")
+        assert user.endswith(f"What is the special magic {vtype} for {key} mentioned in the provided text?")
+        assert prefill == {"role": "assistant",
+                           "content": f"The special magic {vtype} for {key} mentioned in the provided text is"}
+    else:
+        assert user.startswith("Some special magic numbers are hidden")
+        assert prefill["content"].endswith(f"for {key} mentioned in the provided text are")
+    assert f"One of the special magic {vtype}s for {key} is: {s.answers[0]}." in user  # needle stays plural
+    gold = s.score(" " + ", ".join(s.answers) + ".")  # a continuation of the prefix
+    assert gold["score"] == 1.0 and gold["parsed"] == ", ".join(s.answers) + "."
