@@ -73,8 +73,13 @@ def indexer_scores_only_triton(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq
     return _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, 4, mode=2)
 
 
+def default_pages_per_iter(block: int) -> int:
+    """Key pages per loop iteration (two independent top-k tables at 2): see ``_launch_indexer``."""
+    return 1
+
+
 def _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, mode,
-                    skip_unchanged=False, num_warps=8, num_stages=3, tile_rows=_TILE_ROWS):
+                    skip_unchanged=False, num_warps=8, num_stages=3, tile_rows=_TILE_ROWS, pages_per_iter=None):
     from kernels.indexer.triton_indexer import _indexer_fwd_kernel
 
     t, h, d = q_idx.shape
@@ -95,7 +100,8 @@ def _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, t
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1), page_table.stride(0),
         ids.stride(0), ids.stride(1), scores.stride(0) if mode == 1 else 0, scores.stride(1) if mode == 1 else 0,
         1.0 / math.sqrt(d), H=h, D=d, B=block, TOPK=topk, TQ=tq, BLOCK_M=tile_rows, MODE=mode,
-        UPCAST=interpreting(), SKIP_UNCHANGED=skip_unchanged, num_warps=num_warps, num_stages=num_stages)
+        UPCAST=interpreting(), SKIP_UNCHANGED=skip_unchanged,
+        PAGES=pages_per_iter or default_pages_per_iter(block), num_warps=num_warps, num_stages=num_stages)
     return {0: ids, 1: scores, 2: aux}[mode]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -15,6 +16,7 @@ OP = "msa_prefill_attention"
 TOPK_CHOICES = (4, 8, 16, 32)
 BLOCK_CHOICES = (64, 128)
 HEAD_DIM_CHOICES = (64, 128)
+TILE_Q_CHOICES = (1, 2, 4, 8, 16, 32)  # powers of two: the union kernel's id tile is tile_q * k
 _INT_MAX = torch.iinfo(torch.int32).max
 
 
@@ -54,7 +56,8 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           impl: Literal["auto", "triton", "torch"] = "auto",
                           design: Literal["auto", "tile", "token"] = "auto", tile_q: int | None = None,
                           check_ids: bool = True, out: torch.Tensor | None = None,
-                          lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          lse: torch.Tensor | None = None, rare_max: int | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of packed queries over their selected blocks in the paged KV cache.
 
     q ``[T, Hq, d]``, k_cache / v_cache ``[pages, Hkv, B, d]``, page_table int32 ``[R, max_pages]``,
@@ -66,6 +69,9 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     tokens, ``token`` runs one program per token (the simple fallback); ``auto`` builds the tile
     unions and picks ``tile`` unless the mean union is past the measured break-even
     (``prefer_tile``; one host sync).
+    ``rare_max`` (tile design): blocks selected by at most this many of a tile's tokens are left out
+    of the tile's shared loop and added per token by a second pass (``None``: ``default_rare_max``;
+    0: off).
     ``check_ids`` validates the ids on the device (one host sync; timing runs turn it off).
     ``out`` / ``lse``: optional preallocated outputs of those shapes (q's dtype / fp32, contiguous);
     the kernels write every element (the tests pass NaN-poisoned buffers to prove it).
@@ -89,10 +95,21 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         return out, lse
     group = hq // k_cache.shape[1]
     tile_q = tile_q or default_tile_q(group)
+    if tile_q not in TILE_Q_CHOICES:
+        raise ValueError(f"{OP}: tile_q must be one of {TILE_Q_CHOICES}, got {tile_q}")
+    rare_max = default_rare_max(group) if rare_max is None else int(rare_max)
+    if not 0 <= rare_max < tile_q:
+        raise ValueError(f"{OP}: rare_max must be in 0..tile_q-1 = 0..{tile_q - 1}, got {rare_max}")
     tiles = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    union = build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, tile_q) if design != "token" else None
+    union = None
+    if design != "token":
+        union = build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, tile_q, rare_max=rare_max)
     if design == "auto":  # one host sync: the mean union decides which kernel is faster
-        mean_union = union[2][tiles[0] >= 0].float().mean().item()
+        valid = tiles[0] >= 0
+        work = union.count[valid].sum()
+        if union.rare_ids is not None:  # rare (token, block) pairs: 1/tile_q of a union block each
+            work = work + (union.rare_ids >= 0).sum() / tile_q
+        mean_union = (work / (valid.sum() * k_cache.shape[1]).clamp(min=1)).item()
         design = "tile" if prefer_tile(mean_union, topk_ids.shape[2], tile_q, group) else "token"
     if design == "token":
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
@@ -129,6 +146,11 @@ def prefer_tile(mean_union: float, topk: int, tile_q: int, group: int) -> bool:
     return mean_union * block_m <= _TILE_EFFICIENCY * tile_q * topk * rows_per_token
 
 
+def default_rare_max(group: int) -> int:
+    """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none)."""
+    return 0
+
+
 def default_tile_q(group: int) -> int:
     """Tokens per tile: 8 x G rows for G >= 8 (128 rows at G = 16), 16 tokens for small groups."""
     return 8 if group >= 8 else 16
@@ -140,7 +162,10 @@ def _strides(q, k_cache, v_cache, page_table, topk_ids, out):
             topk_ids.stride(0), topk_ids.stride(1), out.stride(0), out.stride(1))
 
 
-def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale):
+def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
+                  merge=False):
+    """One program per (token, KV head). ``merge``: add ``topk_ids``' blocks to the attention state
+    already in ``out``/``lse`` (rows with no ids are left as they are)."""
     from kernels.sparse_prefill.triton_sparse_attention import _token_kernel
 
     t, hq, d = q.shape
@@ -151,7 +176,7 @@ def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, to
         q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, tok_req, topk_ids, out, lse,
         *_strides(q, k_cache, v_cache, page_table, topk_ids, out), scale * 1.4426950408889634,
         HKV=hkv, G=group, GP=max(16, triton_next_pow2(group)), D=d, B=block, TOPK=topk_ids.shape[2],
-        UPCAST=interpreting(), num_warps=4, num_stages=2)
+        UPCAST=interpreting(), MERGE=merge, num_warps=4, num_stages=2)
 
 
 def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
@@ -176,46 +201,76 @@ def tile_unions(topk_ids: torch.Tensor, tile_req: torch.Tensor, tile_start: torc
     return torch.where(ids == _INT_MAX, -1, ids).contiguous(), count.contiguous()
 
 
+@dataclass
+class TileUnions:
+    """What ``build_unions`` returns; unpacks as ``(union, pages, count)`` like before.
+
+    union / pages / token_mask int32 ``[tiles, Hkv, tile_q * k]`` (ids in order of first
+    appearance, then -1 / page 0 / mask 0), count int32 ``[tiles, Hkv]``; rare_ids int32
+    ``[T, Hkv, k]`` (each token's blocks left out of its tile's union, -1 after) or None.
+    """
+    union: torch.Tensor
+    pages: torch.Tensor
+    token_mask: torch.Tensor
+    count: torch.Tensor
+    rare_ids: torch.Tensor | None
+
+    def __iter__(self):
+        return iter((self.union, self.pages, self.count))
+
+
 def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                 tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int):
+                 tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int, rare_max: int = 0) -> TileUnions:
     """Union of the selected blocks of each (tile, KV head), one Triton launch, no host sync.
 
-    Returns ``union`` int32 ``[tiles, Hkv, tile_q * k]`` (distinct logical ids in order of first
-    appearance, then -1), ``pages`` int32 (same shape: their physical pages, 0 after the count)
-    and ``count`` int32 ``[tiles, Hkv]``.
+    Distinct logical ids in order of first appearance, their physical pages and the bitmask of the
+    tile's tokens that selected each (bit j: token ``tile_start + j``). ``rare_max > 0``: blocks
+    selected by at most ``rare_max`` tokens of the tile are left out and listed per token in
+    ``rare_ids`` instead. ``tile_q`` must be a power of two up to 32.
     """
     from kernels.sparse_prefill.triton_sparse_attention import _union_kernel
 
-    _, hkv, k = topk_ids.shape
+    t, hkv, k = topk_ids.shape
     n_tiles = tile_req.shape[0]
-    union = torch.empty((n_tiles, hkv, tile_q * k), dtype=torch.int32, device=topk_ids.device)
+    dev = topk_ids.device
+    union = torch.empty((n_tiles, hkv, tile_q * k), dtype=torch.int32, device=dev)
     pages = torch.empty_like(union)
-    count = torch.empty((n_tiles, hkv), dtype=torch.int32, device=topk_ids.device)
+    token_mask = torch.empty_like(union)
+    count = torch.empty((n_tiles, hkv), dtype=torch.int32, device=dev)
+    rare = torch.empty((t, hkv, k), dtype=torch.int32, device=dev) if rare_max > 0 else None
+    rare_arg = rare if rare is not None else count
     _union_kernel[(n_tiles * hkv,)](
-        topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, count,
+        topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, token_mask, count, rare_arg,
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), union.stride(0), union.stride(1),
-        HKV=hkv, TQ=tile_q, TOPK=k, NP=triton_next_pow2(tile_q * k), num_warps=4)
-    return union, pages, count
+        rare.stride(0) if rare is not None else 0, rare.stride(1) if rare is not None else 0,
+        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, num_warps=8 if tile_q * k >= 128 else 4)
+    return TileUnions(union, pages, token_mask, count, rare)
 
 
 def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
-                 num_warps=None, num_stages=2, tiles=None, union=None):
+                 num_warps=None, num_stages=2, tiles=None, union=None, rare_max=0):
+    """Tile kernel over each tile's union; then, if the union left rare blocks out, the per-token
+    kernel adds them (``merge``)."""
     from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
 
     t, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    union, pages, count = union or build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q)
+    if union is None:
+        union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=rare_max)
     block_m = max(16, triton_next_pow2(tile_q * group))
     _tile_kernel[(tile_req.shape[0] * hkv,)](
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, topk_ids,
-        union, pages, count, out, lse,
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
+        union.union, union.pages, union.token_mask, union.count, out, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), topk_ids.stride(0), topk_ids.stride(1),
-        out.stride(0), out.stride(1), union.stride(0), union.stride(1), scale * 1.4426950408889634,
-        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block, TOPK=topk_ids.shape[2],
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * 1.4426950408889634,
+        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block,
         UPCAST=interpreting(), num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=num_stages)
+    if union.rare_ids is not None:
+        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
+                      merge=True)
 
 
 def triton_next_pow2(n: int) -> int:

@@ -65,10 +65,17 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
                   stride_pt, stride_it, stride_ih, stride_ot, stride_oh, qk_scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
-                  TOPK: tl.constexpr, UPCAST: tl.constexpr):
+                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False):
+    """``MERGE``: ``OUT``/``LSE`` already hold attention over other blocks (the tile kernel's common
+    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written."""
     pid = tl.program_id(0)
     t = pid // HKV
     g = pid % HKV
+    id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
+    n_valid = tl.sum((tl.load(id_row + tl.arange(0, TOPK)) >= 0).to(tl.int32), axis=0)
+    if MERGE:
+        if n_valid == 0:
+            return
     req = tl.load(TOK_REQ + t)
     q_beg = tl.load(CUQ + req)
     pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
@@ -82,12 +89,18 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
                 mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
-    n_valid = tl.sum((tl.load(id_row + tl.arange(0, TOPK)) >= 0).to(tl.int32), axis=0)
 
-    m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
+    out_rows = t.to(tl.int64) * stride_ot + head * stride_oh
+    lse_rows = t.to(tl.int64) * (HKV * G) + head
+    if MERGE:  # normalised out with l = 1 at m = lse (base 2): the online state it stands for
+        lse_in = tl.load(LSE + lse_rows, mask=row_ok, other=float("-inf"))
+        m_i = lse_in * 1.4426950408889634
+        l_i = tl.where(lse_in > float("-inf"), 1.0, 0.0)
+        acc = tl.load(OUT + out_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+    else:
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
     pt_row = PT + req.to(tl.int64) * stride_pt
     for s in range(0, n_valid):
         blk = tl.load(id_row + s)
@@ -100,16 +113,15 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         visible = (blk * B + offs_b <= pos)[None, :]
         m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
-    _store_out(OUT, LSE, t.to(tl.int64) * stride_ot + head * stride_oh, t.to(tl.int64) * (HKV * G) + head,
-               row_ok, offs_d, m_i, l_i, acc)
+    _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc)
 
 
 @triton.jit
-def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UPAGE, UCOUNT, OUT, LSE,
+def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE,
                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                 stride_it, stride_ih, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                 stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                 D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr, UPCAST: tl.constexpr):
+                 D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     tile = pid // HKV
     g = pid % HKV
@@ -134,8 +146,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UPAGE, U
                 mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    row_ids = tl.load(IDS + tok64[:, None] * stride_it + g * stride_ih + tl.arange(0, TOPK)[None, :],
-                      mask=row_ok[:, None], other=-1)
+    row_bit = rows // G  # the row's token within the tile: its bit in the block's token mask
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -151,7 +162,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UPAGE, U
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         # rows whose token did not select this block get a -inf bias, folded into the scale FMA
-        member = tl.max((row_ids == blk).to(tl.int32), axis=1) > 0
+        member = ((tl.load(UMASK + u_off + u) >> row_bit) & 1) != 0
         s = tl.dot(q, tl.trans(k)) * qk_scale + tl.where(member, 0.0, float("-inf"))[:, None]
         if blk * B + (B - 1) > pos_min:  # a key of this block lies past some row: causal mask
             s = tl.where((blk * B + offs_b)[None, :] <= pos[:, None], s, float("-inf"))
@@ -161,39 +172,69 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, IDS, UNION, UPAGE, U
 
 
 @triton.jit
-def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UCOUNT,
-                  stride_it, stride_ih, stride_pt, stride_ut, stride_uh,
-                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, NP: tl.constexpr):
+def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE,
+                  stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
+                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr):
     """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
-    first appearance (token by token), with the physical page of each block; -1 after ``count``."""
+    first appearance (token by token), with the physical page of each block and the bitmask of the
+    tile's tokens that selected it (int32, bit j = token t0 + j, TQ <= 32); -1 after ``count``.
+
+    ``RARE_MAX > 0``: blocks selected by at most ``RARE_MAX`` of the tile's tokens stay out of the
+    union; each token's such blocks go to ``RARE [T, Hkv, TOPK]`` instead (compacted, -1 after).
+    """
     pid = tl.program_id(0)
     tile = pid // HKV
     g = pid % HKV
     req = tl.load(TILE_REQ + tile)
     t0 = tl.load(TILE_START + tile)
     q_end = tl.where(req >= 0, tl.load(CUQ + tl.maximum(req, 0) + 1), 0)  # surplus tile: nothing valid
+    NP: tl.constexpr = TQ * TOPK  # a power of two: TQ and TOPK are
     idx = tl.arange(0, NP)
-    tok = t0 + idx // TOPK
-    ok = (idx < TQ * TOPK) & (tok < q_end)
+    tok_of = idx // TOPK
+    tok = t0 + tok_of
+    ok = tok < q_end
     ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
-    # an id is a duplicate if an earlier token of the tile selected it too (a token's ids are distinct)
+    # per id: is it a duplicate of an earlier token's id (a token's own ids are distinct), and which
+    # of the tile's tokens selected it
     if NP <= 128:  # one all-pairs compare (the H200-measured path of the M3 shape)
-        earlier = tl.max(((ids[:, None] == ids[None, :]) & (idx[None, :] < idx[:, None])).to(tl.int32), axis=1)
+        same = (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
+        earlier = tl.max((same & (idx[None, :] < idx[:, None])).to(tl.int32), axis=1)
+        # distinct bits: the sum is the OR (bit 31 wraps to the sign bit, which is still bit 31)
+        tokmask = tl.sum(tl.where(same, 1 << tok_of[None, :], 0), axis=1)
+        n_tok = tl.sum(same.to(tl.int32), axis=1)
     else:  # TQ compares of [NP, TOPK]: keeps the live tiles small up to TQ * TOPK = 512
         earlier = tl.zeros([NP], tl.int32)
+        tokmask = tl.zeros([NP], tl.int32)
+        n_tok = tl.zeros([NP], tl.int32)
         slots = tl.arange(0, TOPK)
         for jt in tl.static_range(TQ):
             row = tl.load(IDS + (t0 + jt).to(tl.int64) * stride_it + g * stride_ih + slots,
                           mask=(slots * 0 + t0 + jt) < q_end, other=-2)
             hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
-            earlier = tl.where(idx // TOPK > jt, earlier | hit, earlier)
+            earlier = tl.where(tok_of > jt, earlier | hit, earlier)
+            tokmask = tokmask | (hit << jt)
+            n_tok += hit
     keep = (ids >= 0) & (earlier == 0)
+    if RARE_MAX > 0:
+        rare = (ids >= 0) & (n_tok <= RARE_MAX)
+        keep = keep & (n_tok > RARE_MAX)
+        rare2 = tl.reshape(rare.to(tl.int32), [TQ, TOPK])
+        col = tl.arange(0, TOPK)[None, :]
+        r_slot = tl.cumsum(rare2, axis=1) - 1
+        r_cnt = tl.sum(rare2, axis=1)
+        tok2 = t0 + tl.arange(0, TQ)
+        r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
+        tok_ok = (tok2 < q_end)[:, None]
+        tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
+        tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     count = tl.sum(keep.to(tl.int32), axis=0)
     page = tl.load(PT + tl.maximum(req, 0).to(tl.int64) * stride_pt + ids, mask=keep, other=0)
     base = tile.to(tl.int64) * stride_ut + g * stride_uh
     tl.store(UNION + base + slot, ids, mask=keep)
     tl.store(UPAGE + base + slot, page, mask=keep)
-    tl.store(UNION + base + idx, -1, mask=(idx >= count) & (idx < TQ * TOPK))
-    tl.store(UPAGE + base + idx, 0, mask=(idx >= count) & (idx < TQ * TOPK))
+    tl.store(UMASK + base + slot, tokmask, mask=keep)
+    tl.store(UNION + base + idx, -1, mask=idx >= count)
+    tl.store(UPAGE + base + idx, 0, mask=idx >= count)
+    tl.store(UMASK + base + idx, 0, mask=idx >= count)
     tl.store(UCOUNT + pid, count)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kernels.indexer import msa_indexer, naive
-from kernels.indexer.op import indexer_block_scores_triton
+from kernels.indexer.op import _launch_indexer, indexer_block_scores_triton
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -47,6 +47,20 @@ def test_indexer_kernel_matches_reference(paged_case, q_lens, kv_lens, h, d_idx,
     ref = naive.indexer_paged_reference(*args, topk)
     scores = naive.paged_block_scores(*args)
     assert_selection_matches(ids.cpu(), ref.cpu(), scores.cpu())
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,h,d_idx,block,topk", [CASES[0], CASES[3]])
+def test_two_pages_per_iteration_gives_the_same_ids_and_scores(paged_case, q_lens, kv_lens, h, d_idx, block, topk):
+    """Two key pages per loop iteration (two top-k tables merged at the end) == one page."""
+    case = paged_case(q_lens, kv_lens, hkv=h, d_idx=d_idx, block=block, seed=topk + 1, device=DEV)
+    args = (case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
+    one, two = (_launch_indexer(*args, topk, mode=0, pages_per_iter=p) for p in (1, 2))
+    assert torch.equal(one, two)
+    assert torch.equal(*(_launch_indexer(*args, topk, mode=1, pages_per_iter=p) for p in (1, 2)))
+    case["q_idx"][: q_lens[0]].zero_()  # ties everywhere in request 0
+    tied = _launch_indexer(*args, topk, mode=0, pages_per_iter=2)
+    assert torch.equal(tied, _launch_indexer(*args, topk, mode=0, pages_per_iter=1))
+    assert torch.equal(tied.cpu(), naive.indexer_paged_reference(*args, topk).cpu())
 
 
 def test_indexer_ties_and_lse(paged_case):
@@ -107,12 +121,18 @@ def test_indexer_triton_on_cpu_needs_interpreter(paged_case, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("h,d_idx,block,topk", [(4, 128, 128, 16), (3, 64, 64, 32), (1, 128, 64, 4)])
-def test_indexer_kernel_gpu_large(paged_case, h, d_idx, block, topk):
+@pytest.mark.parametrize("h,d_idx,block,topk,pages", [(4, 128, 128, 16, None), (3, 64, 64, 32, None),
+                                                     (1, 128, 64, 4, None), (3, 64, 64, 16, 2), (4, 128, 128, 16, 2)])
+def test_indexer_kernel_gpu_large(paged_case, h, d_idx, block, topk, pages):
     case = paged_case([3000, 1, 5000], [7000, 4096, 9001], hkv=h, d_idx=d_idx, block=block, device="cuda",
                       seed=h)
     args = (case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
-    ids, lse = msa_indexer(*args, topk, return_lse=True)
+    if pages is None:  # the op's defaults
+        ids, lse = msa_indexer(*args, topk, return_lse=True)
+    else:
+        from kernels.indexer.op import _launch_selected_lse
+        ids = _launch_indexer(*args, topk, mode=0, pages_per_iter=pages)
+        lse = _launch_selected_lse(*args, ids)
     ref_ids, ref_lse = naive.indexer_paged_reference(*args, topk, return_lse=True)
     scores = naive.paged_block_scores(*args)
     assert_selection_matches(ids.cpu(), ref_ids.cpu(), scores.cpu())

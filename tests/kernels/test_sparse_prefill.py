@@ -106,6 +106,54 @@ def test_union_kernel_matches_torch_unions(paged_case):
     assert torch.equal(pages[valid], case["page_table"][req[valid], union[valid].long()])
 
 
+@pytest.mark.parametrize("tile_q,rare_max", [(8, 1), (8, 2), (16, 3)])
+def test_union_token_masks_and_rare_split(paged_case, tile_q, rare_max):
+    case = paged_case([45, 7, 33], [300, 7, 200], hkv=2, group=3, d=64, block=64, device=DEV)
+    ids = _ids(case, 8)
+    ids[50, 1] = -1
+    tiles = tile_table(case["cu_seqlens_q"], 85, tile_q, longest_first=False)
+    full = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, tile_q)
+    split = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, tile_q, rare_max=rare_max)
+    assert full.rare_ids is None
+    ids_c, tile_req, tile_start = ids.cpu(), tiles[0].cpu(), tiles[1].cpu()
+    cu = case["cu_seqlens_q"].cpu()
+    n_rare_pairs = 0
+    for tile in range(tile_req.shape[0]):
+        if tile_req[tile] < 0:
+            assert (full.count[tile] == 0).all()
+            continue
+        toks = [t for t in range(tile_start[tile], tile_start[tile] + tile_q) if t < cu[tile_req[tile] + 1]]
+        for g in range(2):
+            sel = {t: set(ids_c[t, g].tolist()) - {-1} for t in toks}
+            want = {}
+            for j, t in enumerate(toks):
+                for b in sel[t]:
+                    want[b] = want.get(b, 0) | (1 << j)
+            n = int(full.count[tile, g])
+            got = dict(zip(full.union[tile, g, :n].tolist(), full.token_mask[tile, g, :n].tolist()))
+            assert got == want
+            common = {b: m for b, m in want.items() if bin(m).count("1") > rare_max}
+            n = int(split.count[tile, g])
+            assert dict(zip(split.union[tile, g, :n].tolist(), split.token_mask[tile, g, :n].tolist())) == common
+            assert (split.union[tile, g, n:] == -1).all()
+            for t in toks:
+                rare = split.rare_ids[t, g].tolist()
+                k = len([b for b in rare if b >= 0])
+                assert rare[k:] == [-1] * (8 - k) and set(rare[:k]) == sel[t] - set(common)
+                n_rare_pairs += k
+    assert n_rare_pairs > 0  # the case exercises the split
+
+
+@pytest.mark.parametrize("rare_max", [1, 2])
+@pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk,dtype", [CASES[0], CASES[3], CASES[4]])
+def test_rare_split_matches_reference(paged_case, rare_max, q_lens, kv_lens, hkv, group, d, block, topk, dtype):
+    case = paged_case(q_lens, kv_lens, hkv=hkv, group=group, d=d, block=block, dtype=dtype, device=DEV,
+                      seed=topk + group + rare_max)
+    ids = _ids(case, topk)
+    out, lse = _run(case, ids, impl="triton", design="tile", tile_q=8, rare_max=rare_max)
+    assert_attention_close(out, lse, *_reference(case, ids))
+
+
 def test_auto_design_follows_the_measured_break_even():
     # H200 measurements (benchmarks/prefill/RESULTS.md): M3 shape, structured selections (union 25
     # blocks per tile of 8 tokens) ran faster tiled, random ones (union 88) faster per token;
@@ -140,6 +188,15 @@ def test_rejects_bad_input(paged_case, edit, match):
         _run(case, ids, impl="torch", **({"out": case.pop("out")} if "out" in case else {}))
 
 
+def test_rejects_bad_tile_options(paged_case):
+    case = paged_case([10, 20], [100, 200], hkv=2, group=3, d=64, block=64, device=DEV)
+    ids = _ids(case, 4)
+    with pytest.raises(ValueError, match="tile_q must be one of"):
+        _run(case, ids, impl="triton", design="tile", tile_q=12)
+    with pytest.raises(ValueError, match=r"rare_max must be in 0\.\.tile_q-1 = 0\.\.7"):
+        _run(case, ids, impl="triton", design="tile", tile_q=8, rare_max=8)
+
+
 def test_rejects_wrong_ids_shape_and_topk(paged_case):
     case, ids = _case_for_errors(paged_case)
     with pytest.raises(ValueError, match="dim 1"):
@@ -161,6 +218,18 @@ def test_tile_kernel_gpu_pipelining_depths(paged_case, num_stages):
     lse = torch.full(case["q"].shape[:2], float("nan"), device="cuda")
     _launch_tile(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                  case["seq_lens_kv"], ids, out, lse, case["q"].shape[-1] ** -0.5, 8, num_stages=num_stages)
+    assert_attention_close(out, lse, *_reference(case, ids))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("rare_max", [0, 2])
+def test_rare_split_gpu_m3(paged_case, rare_max):
+    case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=9)
+    from kernels.indexer import msa_indexer
+    ids = msa_indexer(case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"],
+                      case["seq_lens_kv"], 16)
+    out, lse = _run(case, ids, design="tile", tile_q=8, rare_max=rare_max)
     assert_attention_close(out, lse, *_reference(case, ids))
 
 
