@@ -39,7 +39,7 @@ class LLM:
                  dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None,
                  page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
-                 cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9):
+                 cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None):
         if attention not in ATTENTION_KINDS:
             raise EngineError(f"unknown attention '{attention}': use one of {', '.join(ATTENTION_KINDS)}")
         self.device = torch.device(device) if device else default_device()
@@ -59,6 +59,7 @@ class LLM:
         self.model.load_weights(loaded.weights)
         self.model.to(device=self.device, dtype=self.dtype)
         self.model.setup_rope(self.device)
+        self.weights, self.weight_counts = self._attach_weights(weights, loaded)
         self.msa = None
         attn, index_layers, index_dim, B = self._make_attention(attention, loaded, page_size, msa_overrides)
         del loaded
@@ -78,6 +79,26 @@ class LLM:
                                 SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.max_model_len, self.device,
                                 cuda_graphs=cuda_graphs)
         self._ids = itertools.count()
+
+    def _attach_weights(self, weights: str | None, loaded) -> tuple[str, dict[str, int]]:
+        """CPU weight mode (`engine.cpu_weights`): `weights`, else $MSA_EVAL_WEIGHTS on a CPU, else "fp32"."""
+        from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
+
+        mode = weights or (os.environ.get("MSA_EVAL_WEIGHTS") if self.device.type == "cpu" else None) or "fp32"
+        if mode not in WEIGHT_MODES:
+            raise EngineError(f"unknown weights mode {mode!r}: use one of {', '.join(WEIGHT_MODES)}")
+        if mode == "fp32":  # the model's own weights, untouched (exact; GPUs always)
+            return mode, {}
+        if self.device.type != "cpu":
+            raise EngineError(f"weights={mode!r} is a CPU serving mode: on a GPU leave weights unset and pick dtype")
+        if self.dtype != torch.float32:
+            raise EngineError(f"weights={mode!r} needs dtype float32 (the CPU default), got {self.dtype}")
+        q4 = None
+        if mode == "q4" and loaded.path.suffix == ".gguf":
+            from engine.loader.gguf_q4 import read_q4_blocks
+
+            q4 = read_q4_blocks(loaded.path, self.config)
+        return mode, attach_cpu_weights(self.model, mode, q4)
 
     def _make_attention(self, attention: str, loaded, page_size: int | None, msa_overrides: dict | None):
         scale = self.config.head_dim ** -0.5

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention.dense import DenseAttention
 from engine.attention.meta import AttentionMeta, DecodeShapes
 from engine.errors import ContextTooLongError
 from engine.kv_cache import BlockManager, KVCache
@@ -139,9 +140,12 @@ class LLMEngine:
             logits, meta = self.graph_runner.run(rows, lens, pt)
             return (logits[sampling] if len(sampling) < len(chunks) else logits), meta
         input_ids, positions, meta = self._pack(chunks)
-        if meta.is_decode and self.device.type == "cuda" and hasattr(self.attention, "plan_decode"):
+        cpu_dense = self.device.type == "cpu" and isinstance(self.attention, DenseAttention)  # batched CPU plan
+        if meta.is_decode and hasattr(self.attention, "plan_decode") and (self.device.type == "cuda" or cpu_dense):
             self.attention.plan_decode(meta, self.shapes, key="eager")
         h = self.model.hidden_states(input_ids, positions, meta, self.cache, self.attention)
+        if meta.is_decode and len(sampling) == len(chunks) and h.shape[0] == len(chunks):
+            return self.model.logits(h), meta  # every row samples: no row gather
         ends = list(itertools.accumulate(meta.q_lens))
         rows = [ends[i] - 1 for i in sampling]
         return (self.model.logits(h[rows]) if rows else None), meta

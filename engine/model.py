@@ -5,6 +5,10 @@ one dispatch object (`engine.attention`). Q/K/V and gate/up projections are fuse
 matmul each. Logits are computed only for the rows the caller asks for. The small ops between
 the matmuls go through `engine.gpu.ops` (torch references on the CPU, fused Triton kernels on a
 GPU: residual add + RMSNorm, RoPE + KV-cache write, SwiGLU).
+
+CPU-only fast paths (gated on the device): one `index_copy_` per cache write (`engine.cpu_decode`),
+`F.rms_norm`, and the reduced-precision matmuls of `engine.cpu_weights` when attached
+(`fast_linears` per layer, `fast_lm_head`); without them the CPU runs the exact float32 weights.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.meta import AttentionMeta
+from engine.cpu_decode import cache_rows, rope_and_write
 from engine.config import ModelConfig
 from engine.gpu.ops import rms_norm as rms_norm_op, rms_norm_ref, rope_cache, silu_mul
 from engine.kv_cache import KVCache
@@ -21,6 +26,16 @@ from engine.rope import RotaryEmbedding, apply_rope
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_ref(x, w, eps)
+
+
+def add_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """`engine.gpu.ops.rms_norm` on a GPU; on the CPU one fused `F.rms_norm` (same float32 math)."""
+    if x.is_cuda:
+        return rms_norm_op(x, w, eps, residual=residual)
+    if residual is None:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    s = x + residual
+    return F.rms_norm(s, (s.shape[-1],), w, eps), s
 
 
 class DecoderLayer(nn.Module):
@@ -39,11 +54,19 @@ class DecoderLayer(nn.Module):
         self.o_proj = nn.Parameter(torch.empty(h, self.q_size), requires_grad=False)
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h), requires_grad=False)
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size), requires_grad=False)
+        # CPU reduced-precision matmuls by matrix name ("qkv", "o_proj", "gate_up", "down"), or None
+        self.fast_linears: dict | None = None
+
+    def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """x `[T, in]` @ the named fused matrix (its CPU fast version when attached)."""
+        if self.fast_linears is not None:
+            return self.fast_linears[name](x)
+        return F.linear(x, getattr(self, name), self.qkv_bias if name == "qkv" else None)
 
     def qkv_proj(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x `[T, hidden]` (already normed) -> q `[T, Hq, d]`, k, v `[T, Hkv, d]` with RoPE."""
         cfg, d = self.cfg, self.cfg.head_dim
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qkv = self.linear("qkv", x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, d)
         k = k.view(-1, cfg.num_kv_heads, d)
@@ -55,8 +78,10 @@ class DecoderLayer(nn.Module):
     def _q_and_cache(self, h: torch.Tensor, cos, sin, meta: AttentionMeta, kc, vc) -> torch.Tensor:
         """Project, rotate, write K/V into the cache slots; return q `[T, Hq, d]`."""
         cfg = self.cfg
-        if self.q_norm is None:  # fused RoPE + cache write (one kernel on a GPU)
-            qkv = F.linear(h, self.qkv, self.qkv_bias)
+        if self.q_norm is None:  # fused RoPE + cache write (one kernel on a GPU, row copies on the CPU)
+            qkv = self.linear("qkv", h)
+            if meta.cache_rows is not None:
+                return rope_and_write(qkv, cos, sin, kc, vc, meta.cache_rows, cfg.num_heads, cfg.num_kv_heads)
             return rope_cache(qkv, cos, sin, kc, vc, meta.slot_pages, meta.slot_offsets, cfg.num_heads,
                               cfg.num_kv_heads)
         q, k, v = self.qkv_proj(h, cos, sin)
@@ -69,14 +94,14 @@ class DecoderLayer(nn.Module):
         the first layer); returns (x, this layer's MLP output) so the add fuses into the next norm."""
         eps = self.cfg.rms_eps
         if delta is None:
-            h = rms_norm_op(x, self.in_norm, eps)
+            h = add_rms_norm(x, self.in_norm, eps)
         else:
-            h, x = rms_norm_op(delta, self.in_norm, eps, residual=x)
+            h, x = add_rms_norm(delta, self.in_norm, eps, residual=x)
         kc, vc = cache.k[self.idx], cache.v[self.idx]
         q = self._q_and_cache(h, cos, sin, meta, kc, vc)
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
-        h, x = rms_norm_op(F.linear(o.reshape(o.shape[0], -1), self.o_proj), self.post_norm, eps, residual=x)
-        return x, F.linear(silu_mul(F.linear(h, self.gate_up)), self.down)
+        h, x = add_rms_norm(self.linear("o_proj", o.reshape(o.shape[0], -1)), self.post_norm, eps, residual=x)
+        return x, self.linear("down", silu_mul(self.linear("gate_up", h)))
 
 
 class CausalLM(nn.Module):
@@ -90,6 +115,7 @@ class CausalLM(nn.Module):
             torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
         self.rope: RotaryEmbedding | None = None
         self.freq_factors: torch.Tensor | None = None
+        self.fast_lm_head = None  # CPU reduced-precision lm_head (engine.cpu_weights), or None
 
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:
         """Take HF-named float32 tensors; fuse Q/K/V and gate/up."""
@@ -125,11 +151,15 @@ class CausalLM(nn.Module):
                       cache: KVCache, attn) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.rope(positions)
+        if not x.is_cuda and meta.cache_rows is None:  # CPU: cache rows of this step, once for all layers
+            meta.cache_rows = cache_rows(meta.slot_pages, meta.slot_offsets, self.cfg.num_kv_heads, cache.page_size)
         delta = None
         for layer in self.layers:
             x, delta = layer(x, delta, cos, sin, meta, cache, attn, positions)
-        return rms_norm_op(delta, self.norm, self.cfg.rms_eps, residual=x)[0]
+        return add_rms_norm(delta, self.norm, self.cfg.rms_eps, residual=x)[0]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.fast_lm_head is not None and not h.is_cuda:
+            return self.fast_lm_head(h)
         w = self.embed if self.lm_head is None else self.lm_head
         return F.linear(h, w).float()

@@ -1,7 +1,7 @@
 """Dense paged GQA attention.
 
 CPU: torch SDPA per request over its gathered pages (the reference the MSA paths are compared
-to). GPU decode: our split-K paged kernel through `kernels.decode.DenseDecodePlan` (plan once per
+to); CPU decode steps: one batched attention over the step's requests (`engine.cpu_decode`). GPU decode: our split-K paged kernel through `kernels.decode.DenseDecodePlan` (plan once per
 step, run per layer; CUDA-graph capturable). GPU prefill chunks: SDPA (flash / memory-efficient
 kernels) per request and KV group over the gathered pages.
 Queries `[T, Hq, d]` packed per `meta.cu_seqlens_q`; causal with bottom-right alignment
@@ -63,7 +63,16 @@ class DenseAttention:
         self._plans: dict = {}
 
     def plan_decode(self, meta: AttentionMeta, shapes: DecodeShapes, key="eager") -> None:
-        """GPU decode step: copy lengths and pages into the plan for `key` (outside graph capture)."""
+        """GPU decode step: copy lengths and pages into the plan for `key` (outside graph capture).
+        CPU decode step: one batched attention for all requests (`CpuDecodePlan`), unless padding
+        to the longest request would more than double the keys read (then per-request SDPA)."""
+        if shapes.device.type == "cpu":
+            lens = meta.kv_lens
+            if len(lens) * max(lens) <= 2 * sum(lens):
+                from engine.cpu_decode import CpuDecodePlan
+
+                meta.decode_plan = CpuDecodePlan.build(meta, shapes.num_kv_heads, shapes.page_size, self.scale)
+            return
         from kernels.decode import DenseDecodePlan
 
         plan = self._plans.get(key)

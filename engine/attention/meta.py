@@ -28,7 +28,7 @@ class AttentionMeta:
     so the CPU path never syncs; `seq_lens_host` / `page_table_host` are CPU int32 copies of
     the two tensors (decode plans validate and copy them without a device sync).
 
-    Decode-plan hook (GPU): an attention object may define `plan_decode(meta, shapes, key)`. The
+    Decode-plan hook (GPU; on the CPU `DenseAttention` builds a `CpuDecodePlan`): an attention object may define `plan_decode(meta, shapes, key)`. The
     engine calls it once per decode step, outside any CUDA-graph capture; it fills the plan's
     buffers from the host copies and sets `meta.decode_plan` (or anything it needs) for its layer
     calls. `key` names the plan: a captured batch size, or "eager". An attention that also sets
@@ -52,6 +52,8 @@ class AttentionMeta:
     page_table_host: torch.Tensor | None = None
     decode_plan: Any = None  # set by the attention's plan_decode (GPU decode steps)
     in_graph: bool = False  # this forward is captured / replayed as a CUDA graph
+    # CPU: flat cache row of each (token, KV head) (`engine.cpu_decode.cache_rows`), set once per forward
+    cache_rows: torch.Tensor | None = None
 
     @property
     def num_requests(self) -> int:
