@@ -6,7 +6,8 @@ raw output and the request's attention density. Optionally measures the attentio
 the selection at 8K on the reference path (`--recall N`: the first N 8K prompts, prefill only).
 
 Settings: `dense`, `msa` (the model's indexer, B128/k16), `msa-b64k8` (same projections,
-block 64, top-8: 512 keys per query).
+block 64, top-8: 512 keys per query), or `NAME=ADAPTER_DIR` (`--attention msa` on
+`MODEL+ADAPTER_DIR`, the adapter's own B/k; `NAME=ADAPTER_DIR@b64k8` runs it with B 64 / k 8).
 """
 from __future__ import annotations
 
@@ -21,10 +22,22 @@ SETTINGS = {"dense": ("dense", {}), "msa": ("msa", {}), "msa-b64k8": ("msa", {"b
             "msa-ref": ("msa-ref", {})}
 
 
-def run_setting(model: str, name: str, rows: list[dict], max_seqs: int) -> list[dict]:
+def parse_setting(model: str, spec: str) -> tuple[str, str, str, dict]:
+    """`dense` | `msa` | ... | `NAME=DIR[@b64k8]` -> (name, model, attention, msa overrides)."""
+    if "=" not in spec:
+        attention, over = SETTINGS[spec]
+        return spec, model, attention, over
+    name, path = spec.split("=", 1)
+    over = {}
+    if path.endswith("@b64k8"):
+        path, over = path[: -len("@b64k8")], {"block_size": 64, "topk": 8}
+    return name, f"{model}+{path}", "msa", over
+
+
+def run_setting(model: str, spec: str, rows: list[dict], max_seqs: int) -> list[dict]:
     from engine import LLM, SamplingParams
 
-    attention, over = SETTINGS[name]
+    name, model, attention, over = parse_setting(model, spec)
     tokens = max_seqs * 8448
     llm = LLM(model, attention=attention, msa_overrides=over or None, max_num_seqs=max_seqs,
               max_num_batched_tokens=16384, kv_cache_tokens=tokens, progress=False)
@@ -59,6 +72,8 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=["dense", "msa", "msa-b64k8"])
     ap.add_argument("--max-seqs", type=int, default=64)
     ap.add_argument("--recall", type=int, default=4)
+    ap.add_argument("--recall-model", help="model (+adapter) for the B128/k16 recall [default: --model]")
+    ap.add_argument("--recall-model-b64", help="model (+adapter) for the B64/k8 recall [default: --model]")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     rows = [json.loads(x) for x in Path(a.needles).read_text().splitlines() if x.strip()]
@@ -66,14 +81,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     info = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__, "settings": a.settings, "samples": len(rows)}
-    for name in a.settings:
-        res = run_setting(a.model, name, rows, a.max_seqs)
+    for spec in a.settings:
+        res = run_setting(a.model, spec, rows, a.max_seqs)
         with open(out / "outputs.jsonl", "a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in res))
     if a.recall:
         long_rows = [r for r in rows if r["length"] == 8192][: a.recall]
-        info["recall_b128k16"] = recall_at(a.model, long_rows, {})
-        info["recall_b64k8"] = recall_at(a.model, long_rows, {"block_size": 64, "topk": 8})
+        info["recall_b128k16"] = recall_at(a.recall_model or a.model, long_rows, {})
+        info["recall_b64k8"] = recall_at(a.recall_model_b64 or a.model, long_rows, {"block_size": 64, "topk": 8})
         print("recall", info["recall_b128k16"]["mean"], info["recall_b64k8"]["mean"], flush=True)
     (out / "info.json").write_text(json.dumps(info, indent=1))
 

@@ -1,6 +1,7 @@
 """Needle-block diagnostic (CPU, no generation): per MSA layer and KV group, is the needle's block
 selected at the answer positions, and which heads read the needle (dense attention mass on its
-blocks)? Compares indexers (adapter folders, or `init` = the untrained mean-of-heads start) on
+blocks)? Compares indexers (adapter folders, `init` = the untrained mean-of-heads start, `oracle` =
+the top blocks by the group's dense mass: the bound for any indexer) on
 the same cached activations.
 
 Each probed sample is a needle prompt (`make_needles.py`) followed by the DENSE model's own answer
@@ -48,7 +49,8 @@ def probe_inputs(tok, rows: list[dict], outputs: dict[str, str], n: int) -> list
         answer = tok.encode(out[:out.find(value) + len(value)], add_special_tokens=False)
         ids = prompt + answer
         pos = list(range(len(ids) - n_val - 1, len(ids) - 1))  # these positions predict the value
-        items.append({"id": r["id"], "ids": ids, "span": (start, start + n_val + 1), "pos": pos})
+        items.append({"id": r["id"], "ids": ids, "span": (start, start + n_val + 1), "pos": pos,
+                      "n_prompt": len(prompt)})
         if len(items) >= n:
             break
     return items
@@ -62,7 +64,10 @@ def load_indexers(names: list[str], llm, over: dict):
     w = _qk_weights(llm.model)
     out = {}
     for name in names:
-        if name == "init":
+        if name == "oracle":
+            msa = MSAConfig(dense_layers=default_dense_layers(llm.config.num_layers), d_idx=llm.config.head_dim)
+            proj = None
+        elif name == "init":
             msa = MSAConfig(dense_layers=default_dense_layers(llm.config.num_layers), d_idx=llm.config.head_dim)
             proj = IndexProjections(llm.config, msa)
             proj.init_from_attention(w, llm.config)
@@ -80,10 +85,11 @@ def main() -> None:
     ap.add_argument("--task", default="niah_single")
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--n", type=int, default=12)
-    ap.add_argument("--indexers", nargs="+", default=["init", str(ROOT / "engine/adapters/smollm2-135m")])
+    ap.add_argument("--indexers", nargs="+", default=["oracle", "init", str(ROOT / "engine/adapters/smollm2-135m")])
     ap.add_argument("--block-size", type=int)
     ap.add_argument("--topk", type=int)
     ap.add_argument("--per-layer", action="store_true")
+    ap.add_argument("--layers", type=int, nargs="+", help="probe only these layers [default: every MSA layer]")
     ap.add_argument("--json")
     a = ap.parse_args()
     from engine import LLM
@@ -103,7 +109,7 @@ def main() -> None:
     over = {k: v for k, v in (("block_size", a.block_size), ("topk", a.topk)) if v}
     indexers = load_indexers(a.indexers, llm, over)
     items = probe_inputs(llm.tokenizer, rows, outs, a.n)
-    layers = sorted(next(iter(indexers.values()))[1].layer_ids)
+    layers = a.layers or list(next(iter(indexers.values()))[0].msa_layers(llm.config.num_layers))
     # acc[name][layer] = [hit_sum, n, weighted_hit, weight, kept_mass, needle_mass, recall_sum, n_heads]
     acc = {nm: defaultdict(lambda: [0.0] * 8) for nm in indexers}
     head_mass = defaultdict(float)  # (layer, head) -> summed needle mass
@@ -115,11 +121,13 @@ def main() -> None:
             q, k = main_qk(llm.model, layer, h)
             cos, sin = llm.model.rope(torch.arange(len(ids)))
             for nm, (msa, proj) in indexers.items():
-                rope = IndexRope(llm.config, msa.d_idx, torch.device("cpu"))
-                ix = proj[layer]
-                with torch.no_grad():
-                    ki = ix.index_k(h, rope, cos, sin, torch.arange(len(ids)))
-                    qi = ix.index_q(h[pos], rope, cos[pos], sin[pos], pos)
+                qi = ki = None
+                if proj is not None:
+                    rope = IndexRope(llm.config, msa.d_idx, torch.device("cpu"))
+                    ix = proj[layer]
+                    with torch.no_grad():
+                        ki = ix.index_k(h, rope, cos, sin, torch.arange(len(ids)))
+                        qi = ix.index_q(h[pos], rope, cos[pos], sin[pos], pos)
                 res = probe(q[pos], k, qi, ki, pos, it["span"], msa.block_size, msa.topk)
                 wmax = res.needle_mass.amax(-1)  # [Q, Hkv]
                 hit = res.hit.float()

@@ -13,37 +13,45 @@ from pathlib import Path
 from tasks.metrics import ruler_recall
 
 
-def load(raw: Path) -> tuple[list[dict], dict]:
-    rows = [json.loads(x) for x in (raw / "outputs.jsonl").read_text().splitlines() if x.strip()]
-    return rows, json.loads((raw / "info.json").read_text())
-
-
 def table(rows: list[dict]) -> tuple[list[str], dict]:
+    """Markdown table: per (task, length) cell, n, every setting's accuracy, then per non-dense
+    setting its gap to dense and its attention density."""
     acc: dict[tuple, list[float]] = defaultdict(list)
     dens: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
         acc[(r["task"], r["length"], r["setting"])].append(ruler_recall(r["output"], r["answers"]))
         if r.get("density") is not None:
             dens[(r["task"], r["length"], r["setting"])].append(r["density"])
-    settings = sorted({r["setting"] for r in rows}, key=["dense", "msa", "msa-b64k8"].index)
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    settings.sort(key=lambda s: s != "dense")
+    sparse = [s for s in settings if s != "dense"]
     cells = sorted({(r["task"], r["length"]) for r in rows})
-    lines = ["| task | length | n | " + " | ".join(f"{s} acc" for s in settings)
-             + " | msa - dense | b64k8 - dense | msa density | b64k8 density |",
-             "|" + " --- |" * (3 + len(settings) + 4)]
+    lines = ["| task | length | n | " + " | ".join(f"{s} acc" for s in settings) + " | "
+             + " | ".join(f"{s} - dense" for s in sparse) + " | " + " | ".join(f"{s} density" for s in sparse) + " |",
+             "|" + " --- |" * (3 + len(settings) + 2 * len(sparse))]
     summary = {}
     for task, length in cells:
         a = {s: 100 * sum(acc[(task, length, s)]) / len(acc[(task, length, s)]) for s in settings}
-        d = {s: sum(dens[(task, length, s)]) / len(dens[(task, length, s)]) if dens[(task, length, s)] else None
-             for s in settings}
-        n = len(acc[(task, length, "dense")])
+        d = {s: sum(dens[(task, length, s)]) / len(dens[(task, length, s)]) if dens[(task, length, s)] else float("nan")
+             for s in sparse}
+        n = len(acc[(task, length, settings[0])])
         summary[(task, length)] = a
-        lines.append(f"| {task} | {length} | {n} | " + " | ".join(f"{a[s]:.1f}" for s in settings)
-                     + f" | {a['msa'] - a['dense']:+.1f} | {a['msa-b64k8'] - a['dense']:+.1f}"
-                     + f" | {d['msa']:.3f} | {d['msa-b64k8']:.3f} |")
+        lines.append(f"| {task} | {length} | {n} | " + " | ".join(f"{a[s]:.1f}" for s in settings) + " | "
+                     + " | ".join(f"{a[s] - a['dense']:+.1f}" for s in sparse) + " | "
+                     + " | ".join(f"{d[s]:.3f}" for s in sparse) + " |")
     return lines, summary
 
 
+def best_setting(summary: dict, among: list[str] | None = None) -> str:
+    """The setting (of `among`, default: all but dense and B64/k8 ones) with the highest accuracy
+    summed over all cells (the first listed wins ties)."""
+    names = among or [s for s in next(iter(summary.values())) if s != "dense" and not s.endswith("b64k8")]
+    return max(names, key=lambda s: sum(a[s] for a in summary.values()))
+
+
 def recall_lines(info: dict) -> list[str]:
+    if "recall_b128k16" not in info:
+        return []
     a, b = info["recall_b128k16"], info["recall_b64k8"]
     out = [f"Prompts: the first {a['prompts']} 8K niah_single samples ({min(a['prompt_tokens'])}-"
            f"{max(a['prompt_tokens'])} tokens), every prompt position, every query head, reference path.", "",
@@ -58,9 +66,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("raw")
     ap.add_argument("--out")
+    ap.add_argument("--best", nargs="*", help="print only the name of the best of these settings [default: all "
+                    "but dense and *b64k8]")
     a = ap.parse_args()
-    rows, info = load(Path(a.raw))
-    lines, _ = table(rows)
+    raw = Path(a.raw)
+    rows = [json.loads(x) for x in (raw / "outputs.jsonl").read_text().splitlines() if x.strip()]
+    lines, summary = table(rows)
+    if a.best is not None:
+        print(best_setting(summary, a.best))
+        return
+    info = json.loads((raw / "info.json").read_text())
     text = "\n".join(lines) + "\n\n" + "\n".join(recall_lines(info)) + "\n"
     if a.out:
         tmp = Path(a.out).with_suffix(".tmp")

@@ -49,14 +49,21 @@ def select_blocks(scores: torch.Tensor, pos: torch.Tensor, block: int, topk: int
     nb = -(-s // block)
     pad = nb * block - s
     sc = torch.nn.functional.pad(scores, (0, pad), value=float("-inf")) if pad else scores
-    bmax = sc.view(qn, h, nb, block).amax(-1)
+    return select_top_blocks(sc.view(qn, h, nb, block).amax(-1), pos, block, topk)
+
+
+def select_top_blocks(bscores: torch.Tensor, pos: torch.Tensor, block: int, topk: int) -> torch.Tensor:
+    """Block scores `[Q, H, nb]` -> bool block mask `[Q, H, nb]`: the best `k - 1` history blocks
+    (ties to the smaller id) plus the own block `pos // B`."""
+    bmax = bscores
+    nb = bmax.shape[-1]
     own = (pos // block)[:, None, None]
-    ids = torch.arange(nb, device=scores.device)[None, None, :]
+    ids = torch.arange(nb, device=bscores.device)[None, None, :]
     bmax = bmax.masked_fill(ids >= own, float("-inf"))
     order = torch.sort(bmax, dim=-1, descending=True, stable=True).indices
     n_hist = torch.clamp(pos // block, max=topk - 1)  # [Q]
     rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(nb, device=scores.device).expand_as(order))
+    rank.scatter_(-1, order, torch.arange(nb, device=bscores.device).expand_as(order))
     keep = (rank < n_hist[:, None, None]) & (ids < own)
     return keep | (ids == own)
 
