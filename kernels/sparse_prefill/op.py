@@ -147,8 +147,17 @@ def prefer_tile(mean_union: float, topk: int, tile_q: int, group: int) -> bool:
 
 
 def default_rare_max(group: int) -> int:
-    """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none)."""
-    return 0
+    """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none).
+
+    2 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: union 27 -> 18 blocks, 3-6% faster
+    than no split, benchmarks/prefill/RESULTS.md run 3); small groups are not measured: off.
+    """
+    return 2 if group >= 8 else 0
+
+
+def default_tile_stages(block_m: int) -> int:
+    """Pipeline stages of the tile kernel: 3 at 128 rows (run 3: 37.3 vs 38.5 ms at 128K), else 2."""
+    return 3 if block_m >= 128 else 2
 
 
 def default_tile_q(group: int) -> int:
@@ -243,12 +252,12 @@ def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q:
         topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, token_mask, count, rare_arg,
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), union.stride(0), union.stride(1),
         rare.stride(0) if rare is not None else 0, rare.stride(1) if rare is not None else 0,
-        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, num_warps=8 if tile_q * k >= 128 else 4)
+        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, num_warps=4)
     return TileUnions(union, pages, token_mask, count, rare)
 
 
 def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
-                 num_warps=None, num_stages=2, tiles=None, union=None, rare_max=0):
+                 num_warps=None, num_stages=None, tiles=None, union=None, rare_max=0):
     """Tile kernel over each tile's union; then, if the union left rare blocks out, the per-token
     kernel adds them (``merge``)."""
     from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
@@ -267,7 +276,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * 1.4426950408889634,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block,
-        UPCAST=interpreting(), num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=num_stages)
+        UPCAST=interpreting(), num_warps=num_warps or (8 if block_m >= 128 else 4),
+        num_stages=num_stages or default_tile_stages(block_m))
     if union.rare_ids is not None:
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                       merge=True)

@@ -194,28 +194,26 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     tok = t0 + tok_of
     ok = tok < q_end
     ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
-    # per id: is it a duplicate of an earlier token's id (a token's own ids are distinct), and which
-    # of the tile's tokens selected it
+    # per id: the bitmask of the tile's tokens that selected it (a token's own ids are distinct);
+    # it is a duplicate iff an earlier token's bit is set
     if NP <= 128:  # one all-pairs compare (the H200-measured path of the M3 shape)
         same = (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
-        earlier = tl.max((same & (idx[None, :] < idx[:, None])).to(tl.int32), axis=1)
         # distinct bits: the sum is the OR (bit 31 wraps to the sign bit, which is still bit 31)
         tokmask = tl.sum(tl.where(same, 1 << tok_of[None, :], 0), axis=1)
-        n_tok = tl.sum(same.to(tl.int32), axis=1)
-    else:  # TQ compares of [NP, TOPK]: keeps the live tiles small up to TQ * TOPK = 512
-        earlier = tl.zeros([NP], tl.int32)
+    else:  # TQ compares of [NP, TOPK]: keeps the live tiles small up to TQ * TOPK = 1024
         tokmask = tl.zeros([NP], tl.int32)
-        n_tok = tl.zeros([NP], tl.int32)
         slots = tl.arange(0, TOPK)
         for jt in tl.static_range(TQ):
             row = tl.load(IDS + (t0 + jt).to(tl.int64) * stride_it + g * stride_ih + slots,
                           mask=(slots * 0 + t0 + jt) < q_end, other=-2)
             hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
-            earlier = tl.where(tok_of > jt, earlier | hit, earlier)
             tokmask = tokmask | (hit << jt)
-            n_tok += hit
+    earlier = tokmask & ((1 << tok_of) - 1)
     keep = (ids >= 0) & (earlier == 0)
     if RARE_MAX > 0:
+        n_tok = tl.zeros([NP], tl.int32)
+        for jt in tl.static_range(TQ):
+            n_tok += (tokmask >> jt) & 1
         rare = (ids >= 0) & (n_tok <= RARE_MAX)
         keep = keep & (n_tok > RARE_MAX)
         rare2 = tl.reshape(rare.to(tl.int32), [TQ, TOPK])
