@@ -106,7 +106,7 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         union = build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, tile_q, rare_max=rare_max)
     if design == "auto":  # one host sync: the mean union decides which kernel is faster
         valid = tiles[0] >= 0
-        work = union.count[valid].sum()
+        work = (union.count * valid[:, None]).sum()  # no boolean indexing: .item() is the only sync
         if union.rare_ids is not None:  # rare (token, block) pairs: 1/tile_q of a union block each
             work = work + (union.rare_ids >= 0).sum() / tile_q
         mean_union = (work / (valid.sum() * k_cache.shape[1]).clamp(min=1)).item()
@@ -149,14 +149,14 @@ def prefer_tile(mean_union: float, topk: int, tile_q: int, group: int) -> bool:
 def default_rare_max(group: int) -> int:
     """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none).
 
-    2 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: union 27 -> 18 blocks, 3-6% faster
-    than no split, benchmarks/prefill/RESULTS.md run 3); small groups are not measured: off.
+    2 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: union 27 -> 18 blocks, 7-9% faster
+    than no split, benchmarks/prefill/RESULTS.md session 2 run 4); small groups are not measured: off.
     """
     return 2 if group >= 8 else 0
 
 
 def default_tile_stages(block_m: int) -> int:
-    """Pipeline stages of the tile kernel: 3 at 128 rows (run 3: 37.3 vs 38.5 ms at 128K), else 2."""
+    """Pipeline stages of the tile kernel: 3 at 128 rows (run 4: 36.0 vs 36.8 ms at 128K), else 2."""
     return 3 if block_m >= 128 else 2
 
 

@@ -9,10 +9,12 @@ Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
   request, KV head); the MMA rows are ``TQ x G`` (token, head) pairs, so every K/V page loaded
   serves all the tile's tokens that selected it. It loops over the tile's union of selected
   blocks (built by ``_union_kernel``, physical pages resolved there, so the loop has no dependent
-  page-table load); a row takes part in a block only if its token selected it (membership tested
-  against the token's ids held in registers, applied as a -inf row bias folded into the scale
-  FMA), and the causal mask (``key_pos <= pos``) is applied only on blocks that reach past the
-  tile's first position (the own block), so other blocks cost what plain flash attention costs.
+  page-table load); a row takes part in a block only if its token selected it (its bit in the
+  block's token mask, applied as a -inf row bias folded into the scale FMA), and the causal mask
+  (``key_pos <= pos``) is applied only on blocks that reach past the tile's first position (the own
+  block), so other blocks cost what plain flash attention costs. Blocks that few of the tile's
+  tokens chose can be left out of the union (``RARE_MAX``) and added afterwards per token by
+  ``_token_kernel`` in ``MERGE`` mode.
 
 Rows with nothing visible yet keep ``m = -inf``; the exponent reference is then 0 so that
 ``exp2(-inf - ref) = 0`` and no NaN appears. An empty selection gives ``out = 0``, ``lse = -inf``.
