@@ -22,7 +22,8 @@ if [ "${SMOKE:-0}" = 1 ]; then SCALE="--tokens 2048 --seq-len 1024 --warmup-step
 else SCALE="--tokens 32768 --warmup-steps 120 --steps 60 --queries 256"; fi
 # name|flags (the levers: teacher, long-range query share, recurrence share, dense layers)
 VARIANTS=${VARIANTS:-"max|--teacher max --long-range 0.5 --recurrence 0.1
-mean|--teacher mean --long-range 0.5 --recurrence 0.1"}
+mean|--teacher mean --long-range 0.5 --recurrence 0.1
+max-d7|--teacher max --long-range 0.5 --recurrence 0.1 --dense-layers 0,1,7"}
 AD=${AD:-.msa_gpu/adapters}
 mkdir -p $AD $OUT/raw
 log() { echo "[$(date +%T)] $*" | tee -a $OUT/log.txt; }
@@ -34,17 +35,20 @@ train() {  # name flags...
   $PY -c "import json,sys; d=json.load(open('$AD/$name.json')); print('$name', 'recall', round(d['mean_recall_before'],3), '->', round(d['mean_recall_after'],3), 'wall', d['wall_seconds'])" | tee -a $OUT/log.txt
   tar -cf $OUT/ad_$name.tar -C $AD $name
 }
-SETTINGS=(dense msa)  # msa = the previously shipped indexer, same run
+SETTINGS=(dense ${OLD:+msa})  # OLD=1: also the previously shipped indexer (`msa`), same run
+log "$($PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")')"
 declare -A FLAGS
+NAMES=()  # in VARIANTS order: the first listed wins a tie
 while IFS='|' read -r name flags; do
   [ -n "$name" ] || continue
   FLAGS[$name]="$flags"
+  NAMES+=("$name")
   train $name $flags && SETTINGS+=("$name=$AD/$name")
 done <<< "$VARIANTS"
 log "needles: ${SETTINGS[*]}"
 $PY benchmarks/msa_quality/needle_eval.py --needles $NEEDLES --out $OUT/raw --recall 0 --max-seqs ${MAX_SEQS:-64} --settings "${SETTINGS[@]}" 2>&1 \
   | grep -v Warning | tee -a $OUT/log.txt
-BEST=$($PY benchmarks/msa_quality/score.py $OUT/raw --best "${!FLAGS[@]}") || { log "no needle results"; exit 1; }
+BEST=$($PY benchmarks/msa_quality/score.py $OUT/raw --best "${NAMES[@]}") || { log "no needle results"; exit 1; }
 log "best: $BEST (${FLAGS[$BEST]:-})"
 if [ -n "$BEST" ] && [ -n "${FLAGS[$BEST]:-}" ]; then
   train ${BEST}-b64k8 ${FLAGS[$BEST]} --block-size 64 --topk 8

@@ -22,6 +22,17 @@ SETTINGS = {"dense": ("dense", {}), "msa": ("msa", {}), "msa-b64k8": ("msa", {"b
             "msa-ref": ("msa-ref", {})}
 
 
+def to_prompt(messages: list[dict], tok) -> list[dict] | list[int]:
+    """A chat as `generate` takes it; a chat ending with an assistant prefill (the task's answer
+    prefix opens the assistant turn) as the token ids of the templated text + the prefill, as the
+    task runner sends it to a local backend (`continue_chat_text`)."""
+    from tasks.base import continue_chat_text, continues_assistant
+
+    if not continues_assistant(messages):
+        return messages
+    return tok.encode(continue_chat_text(messages, tok), add_special_tokens=False)
+
+
 def parse_setting(model: str, spec: str) -> tuple[str, str, str, dict]:
     """`dense` | `msa` | ... | `NAME=DIR[@b64k8]` -> (name, model, attention, msa overrides)."""
     if "=" not in spec:
@@ -42,7 +53,7 @@ def run_setting(model: str, spec: str, rows: list[dict], max_seqs: int) -> list[
     llm = LLM(model, attention=attention, msa_overrides=over or None, max_num_seqs=max_seqs,
               max_num_batched_tokens=16384, kv_cache_tokens=tokens, progress=False)
     t0 = time.time()
-    outs = llm.generate([r["messages"] for r in rows],
+    outs = llm.generate([to_prompt(r["messages"], llm.tokenizer) for r in rows],
                         [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0) for r in rows])
     dt = time.time() - t0
     print(f"{name}: {len(rows)} samples in {dt:.1f} s", flush=True)
@@ -59,7 +70,7 @@ def recall_at(model: str, rows: list[dict], over: dict) -> dict:
 
     llm = LLM(model, attention="msa-ref", msa_overrides={"track_recall": True, **over}, max_num_seqs=4,
               max_num_batched_tokens=8192, kv_cache_tokens=4 * 8448, progress=False)
-    llm.generate([r["messages"] for r in rows], SamplingParams(max_tokens=1))
+    llm.generate([to_prompt(r["messages"], llm.tokenizer) for r in rows], SamplingParams(max_tokens=1))
     by_layer = llm.engine.attention.recall_by_layer()
     return {"prompts": len(rows), "prompt_tokens": [r["prompt_tokens"] for r in rows],
             "by_layer": by_layer, "mean": sum(by_layer.values()) / len(by_layer)}

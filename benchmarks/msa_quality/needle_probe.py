@@ -6,7 +6,8 @@ the same cached activations.
 
 Each probed sample is a needle prompt (`make_needles.py`) followed by the DENSE model's own answer
 (`needle_eval.py` outputs) cut right after the gold value; only samples where dense answered right
-are probed. Answer positions = the positions that predict the value's tokens.
+are probed. Without `--outputs`, the gold value itself follows the prompt (prompts that end with
+the answer prefix). Answer positions = the positions that predict the value's tokens.
 
     python benchmarks/msa_quality/needle_probe.py --needles needles.jsonl \
       --outputs benchmarks/msa_quality/raw/outputs.jsonl --length 4096 --n 12 \
@@ -37,9 +38,13 @@ def probe_inputs(tok, rows: list[dict], outputs: dict[str, str], n: int) -> list
     items = []
     for r in rows:
         out, value = outputs.get(r["id"]), r["answers"][0]
-        if out is None or value not in out:
+        if outputs and (out is None or value not in out):
             continue
-        text = tok.apply_chat_template(r["messages"])
+        if not outputs:  # no dense outputs: teacher-force the gold value after the task's answer prefix
+            out = " " + value
+        from tasks.base import continue_chat_text
+
+        text = continue_chat_text(r["messages"], tok)  # with the assistant prefill, if the task has one
         at = text.find(f"is: {value}.")
         if at < 0:
             continue
@@ -81,7 +86,8 @@ def load_indexers(names: list[str], llm, over: dict):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--needles", required=True)
-    ap.add_argument("--outputs", required=True, help="needle_eval.py outputs.jsonl with the dense answers")
+    ap.add_argument("--outputs", help="needle_eval.py outputs.jsonl with the dense answers [default: the gold value "
+                    "right after the prompt, for tasks whose prompt ends with the answer prefix]")
     ap.add_argument("--task", default="niah_single")
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--n", type=int, default=12)
@@ -100,7 +106,7 @@ def main() -> None:
     rows = [json.loads(x) for x in Path(a.needles).read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r["task"] == a.task and r["length"] == a.length]
     outs = {}
-    for x in Path(a.outputs).read_text().splitlines():
+    for x in (Path(a.outputs).read_text().splitlines() if a.outputs else []):
         o = json.loads(x)
         if o["setting"] == "dense":
             outs[o["id"]] = o["output"]
