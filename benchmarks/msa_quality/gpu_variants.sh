@@ -22,7 +22,6 @@ if [ "${SMOKE:-0}" = 1 ]; then SCALE="--tokens 2048 --seq-len 1024 --warmup-step
 else SCALE="--tokens 32768 --warmup-steps 120 --steps 60 --queries 256"; fi
 # name|flags (the levers: teacher, long-range query share, recurrence share, dense layers)
 VARIANTS=${VARIANTS:-"max|--teacher max --long-range 0.5 --recurrence 0.1
-mean|--teacher mean --long-range 0.5 --recurrence 0.1
 max-d7|--teacher max --long-range 0.5 --recurrence 0.1 --dense-layers 0,1,7"}
 AD=${AD:-.msa_gpu/adapters}
 mkdir -p $AD $OUT/raw
