@@ -1,5 +1,7 @@
 """`LLM`: the offline API. Load a model (built-in name, HF directory or .gguf), pick the
-attention (`dense`, `msa`, `msa-ref`), and `generate` for prompts, chats or token ids."""
+attention (`dense`, `msa`, `msa-ref`) and, on a CPU, the weight mode (`weights`: "fp32" exact,
+the default; "bf16"; "q4" = the GGUF's 4-bit codes; `engine.cpu_weights`), and `generate` for
+prompts, chats or token ids."""
 from __future__ import annotations
 
 import itertools
@@ -10,6 +12,7 @@ from typing import Any, Sequence as Seq
 import torch
 
 from engine.attention import ATTENTION_KINDS, DenseAttention
+from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
 from engine.errors import ContextTooLongError, EngineError
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
 from engine.llm_engine import LLMEngine
@@ -42,6 +45,8 @@ class LLM:
                  cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None):
         if attention not in ATTENTION_KINDS:
             raise EngineError(f"unknown attention '{attention}': use one of {', '.join(ATTENTION_KINDS)}")
+        if weights is not None and weights not in WEIGHT_MODES:  # fail before loading anything
+            raise EngineError(f"unknown weights mode {weights!r}: use one of {', '.join(WEIGHT_MODES)}")
         self.device = torch.device(device) if device else default_device()
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -82,8 +87,6 @@ class LLM:
 
     def _attach_weights(self, weights: str | None, loaded) -> tuple[str, dict[str, int]]:
         """CPU weight mode (`engine.cpu_weights`): `weights`, else $MSA_EVAL_WEIGHTS on a CPU, else "fp32"."""
-        from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
-
         mode = weights or (os.environ.get("MSA_EVAL_WEIGHTS") if self.device.type == "cpu" else None) or "fp32"
         if mode not in WEIGHT_MODES:
             raise EngineError(f"unknown weights mode {mode!r}: use one of {', '.join(WEIGHT_MODES)}")

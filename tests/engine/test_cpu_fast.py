@@ -165,3 +165,9 @@ def test_weight_mode_errors():
         attach_cpu_weights(model, "q8")
     with pytest.raises(EngineError, match="has none: use weights='bf16'"):
         attach_cpu_weights(model, "q4", {})
+    with pytest.raises(EngineError, match="CPU serving mode"):
+        attach_cpu_weights(model.to("meta"), "bf16")
+    from engine import LLM
+
+    with pytest.raises(EngineError, match="unknown weights mode 'int8'"):
+        LLM("smollm2-135m", device="cpu", weights="int8")
