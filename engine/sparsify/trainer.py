@@ -5,8 +5,8 @@ Per MSA layer: `warmup_steps` Adam steps of dense KL over the whole causal histo
 of KL over the blocks the indexer selects; each step samples `queries` positions of one training
 sequence (uniform positions, or partly the queries that read farthest: `long_range`; teacher
 "mean" or "max" over the group's heads: `teacher`; training sequences optionally seeded with
-copies of their own earlier spans: `recurrence`). Before and after, the attention-mass recall of the selection is measured on a held-out
-sequence. A checkpoint (the projections so far + the finished layers' figures) is written after
+copies of their own earlier spans: `recurrence`). Before and after, the attention-mass recall of
+the selection is measured on a held-out sequence. A checkpoint (the projections so far + the finished layers' figures) is written after
 each layer, so an interrupted run resumes at the next layer. Output in `out`: the adapter
 (`indexer.safetensors`, `msa_config.json`) and `provenance.json`.
 """
