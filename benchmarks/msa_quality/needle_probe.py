@@ -13,8 +13,8 @@ the answer prefix). Answer positions = the positions that predict the value's to
       --outputs benchmarks/msa_quality/raw/outputs.jsonl --length 4096 --n 12 \
       --indexers init engine/adapters/smollm2-135m [--block-size 64 --topk 8] [--per-layer] [--json out.json]
 
-Summary per indexer: `hit` = fraction of (sample, answer position, layer, group) where the
-needle's blocks are selected; `w-hit` = the same weighted by the group's largest head mass on the
+A layer an adapter keeps dense counts as selecting everything. Summary per indexer: `hit` =
+fraction of (sample, answer position, layer, group) where the needle's blocks are selected; `w-hit` = the same weighted by the group's largest head mass on the
 needle (retrieval heads count most); `kept` = share of the heads' total needle mass whose group
 selected the needle; `recall` = mean dense mass inside the selection (all heads).
 """
@@ -128,13 +128,17 @@ def main() -> None:
             cos, sin = llm.model.rope(torch.arange(len(ids)))
             for nm, (msa, proj) in indexers.items():
                 qi = ki = None
-                if proj is not None:
+                dense = proj is not None and str(layer) not in proj.layers  # a dense layer reads everything
+                if proj is not None and not dense:
                     rope = IndexRope(llm.config, msa.d_idx, torch.device("cpu"))
                     ix = proj[layer]
                     with torch.no_grad():
                         ki = ix.index_k(h, rope, cos, sin, torch.arange(len(ids)))
                         qi = ix.index_q(h[pos], rope, cos[pos], sin[pos], pos)
                 res = probe(q[pos], k, qi, ki, pos, it["span"], msa.block_size, msa.topk)
+                if dense:
+                    res.hit = torch.ones_like(res.hit)
+                    res.selected_mass = torch.ones_like(res.selected_mass)
                 wmax = res.needle_mass.amax(-1)  # [Q, Hkv]
                 hit = res.hit.float()
                 s = acc[nm][layer]
