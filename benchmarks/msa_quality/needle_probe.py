@@ -96,6 +96,7 @@ def main() -> None:
     ap.add_argument("--topk", type=int)
     ap.add_argument("--per-layer", action="store_true")
     ap.add_argument("--layers", type=int, nargs="+", help="probe only these layers [default: every MSA layer]")
+    ap.add_argument("--ids", nargs="+", help="probe only these sample ids")
     ap.add_argument("--json")
     a = ap.parse_args()
     from engine import LLM
@@ -104,7 +105,7 @@ def main() -> None:
     from engine.sparsify.probe import probe
 
     rows = [json.loads(x) for x in Path(a.needles).read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r["task"] == a.task and r["length"] == a.length]
+    rows = [r for r in rows if r["task"] == a.task and r["length"] == a.length and (not a.ids or r["id"] in a.ids)]
     outs = {}
     for x in (Path(a.outputs).read_text().splitlines() if a.outputs else []):
         o = json.loads(x)
