@@ -4,9 +4,16 @@
 - "bf16": every matmul (layers and lm_head) through a bfloat16 copy of its weight (`Bf16Linear`).
 - "q4": matrices stored as Q4_0/Q4_1 in the GGUF run on those 4-bit codes (`Int4Linear`; fused Q/K/V
   and gate/up only when all their parts are 4-bit); every other matrix (e.g. the Q8_0 embedding
-  used as lm_head) runs in bf16. Needs a GGUF with 4-bit tensors.
+  used as lm_head) runs in bf16. Needs a GGUF with 4-bit tensors. The int4 kernel unpacks the
+  codes for every row, so it wins at decode (a few rows) and loses to "bf16" at prefill (hundreds
+  of rows: measured 1.3-2x slower at 16-128 rows); a row-count switch to a bf16 copy was tried
+  and dropped: its prefill rounding flipped the near-tie first token of the "capital of France"
+  chat (fp32 margin 0.08 logits), and one weight path per mode keeps batched == alone.
 
-Activations, norms, attention and the KV cache stay float32 in every mode; the float32
+Threads: on a machine whose cores are busy with other work, run torch with fewer threads than
+cores (`OMP_NUM_THREADS=1` on a shared 2-core VM): the int4 kernel opens a parallel region per
+call and stalls whenever one of its threads is descheduled (measured 30x slower at 2 threads
+under load). Activations, norms, attention and the KV cache stay float32 in every mode; the float32
 parameters stay on the model (sparsify and the fp32 path use them), so the reduced-precision
 copies add memory rather than replace it. CPU only: a GPU runs its `dtype`.
 """

@@ -113,7 +113,9 @@ def render(res: dict[str, dict[str, float]], ours: list[str], hfs: list[str], ar
     cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"], capture_output=True,
                          text=True).stdout.strip()
     cols = [f"ours {m}" for m in ours] + [f"HF {d}" for d in hfs]
-    ratios = [(f"ours {m}", f"HF {d}") for m in ours for d in hfs]
+    # every mode vs HF's first dtype (float32: the baseline); reduced-precision modes also vs HF's others
+    ratios = [(f"ours {m}", f"HF {hfs[0]}") for m in ours] + [
+        (f"ours {m}", f"HF {d}") for m in ours if m != "fp32" for d in hfs[1:]]
     head = "| metric (tokens/s) | " + " | ".join(cols) + " | " + " | ".join(f"{a} / {b}" for a, b in ratios) + " |"
     lines = [
         f"## {time.strftime('%Y-%m-%d')}, torch threads {torch.get_num_threads()}", "",
