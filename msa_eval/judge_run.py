@@ -3,7 +3,7 @@ task (`Task.open_ended`: summaries, free-form long-doc QA) gets a `judge` dict:
 
     {"judge": "local:smollm2-135m", "rubric": "v1", "status": "ok" | "unparsed" | "error",
      "score": 0..3 | None, "scale_max": 3, "normalized": score / 3 | None,
-     "raw": the judge's reply, "error": str | None}
+     "raw": the judge's reply ("Score:" + continuation for local judges), "error": str | None}
 
 Resumable and cached like the rest: a record whose judge dict has the same judge name and
 rubric and status ok/unparsed is never judged again; after each batch records.jsonl is
@@ -23,7 +23,10 @@ from msa_eval.judge import (JUDGE_MAX_TOKENS, RUBRIC_VERSION, SCALE_MAX, judge_k
 from msa_eval.runner.config import BackendSpec
 from msa_eval.runner.manifest import RECORDS, read_manifest, save_manifest
 from msa_eval.runner.records import SampleRecord, atomic_write_text, read_records
+from msa_eval.runner.requests import prefill_text
 from tasks.base import Sample
+
+SCORE_PREFILL = "Score:"
 
 
 def open_ended_tasks() -> set[str]:
@@ -67,10 +70,12 @@ def judge_run(
     try:
         for start in range(0, len(todo), max(1, batch)):
             idx = todo[start:start + max(1, batch)]
-            reqs = [_request(records[i], samples[records[i].sample_id]) for i in idx]
+            tok = getattr(backend, "tokenizer", None)
+            reqs = [_request(records[i], samples[records[i].sample_id], tok) for i in idx]
             results = backend.generate(reqs)
             for i, res in zip(idx, results):
-                records[i] = records[i].model_copy(update={"judge": _verdict(key, res.text, res.error)})
+                raw = (SCORE_PREFILL + res.text) if tok is not None and not res.error else res.text
+                records[i] = records[i].model_copy(update={"judge": _verdict(key, raw, res.error)})
                 counts["errors" if res.error else "judged"] += 1
             atomic_write_text(path, "".join(r.model_dump_json() + "\n" for r in records))
             emit("advance", key=f"judge {key}", n=len(idx))
@@ -81,10 +86,16 @@ def judge_run(
     return counts
 
 
-def _request(r: SampleRecord, s: Sample) -> GenRequest:
+def _request(r: SampleRecord, s: Sample, tok: Any = None) -> GenRequest:
+    """The rubric as a chat; a judge with its own tokenizer (local) gets the reply opened
+    with "Score:" (an assistant prefill, as the needle tasks do), so a small model answers
+    in the format; endpoints get the plain chat (the OpenAI API cannot prefill)."""
     msgs = judge_messages(s.category, s.metadata.get("question"), s.answers, r.output or "")
-    return GenRequest(id=f"judge-{r.backend}-{r.sample_id}", messages=msgs,
-                      max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, seed=0)
+    base = dict(id=f"judge-{r.backend}-{r.sample_id}", max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, seed=0)
+    if tok is not None:
+        return GenRequest(prompt=prefill_text(msgs + [{"role": "assistant", "content": SCORE_PREFILL}], tok),
+                          **base)
+    return GenRequest(messages=msgs, **base)
 
 
 def _verdict(key: str, text: str | None, error: str | None) -> dict[str, Any]:

@@ -49,8 +49,13 @@ def to_request(s: Sample, backend: Any = None, reference_tokenizer: TokenCounter
     if tok is None:
         raise ConfigError(f"sample {s.id} continues an assistant prefill: the runner needs the "
                           "reference tokenizer to apply the chat template (pass reference_tokenizer)")
-    text = _without_auto_bos(continue_chat_text(messages, tok), tok)
-    return GenRequest(prompt=text, **base), "chat-prefill" if own is not None else "chat-prefill-ref"
+    return GenRequest(prompt=prefill_text(messages, tok), **base), \
+        "chat-prefill" if own is not None else "chat-prefill-ref"
+
+
+def prefill_text(messages: list[dict[str, Any]], tok: Any) -> str:
+    """A chat ending with an assistant prefill as one completion prompt under `tok`'s template."""
+    return _without_auto_bos(continue_chat_text(messages, tok), tok)
 
 
 def _without_auto_bos(text: str, tok: Any) -> str:

@@ -96,3 +96,27 @@ def test_judge_run_cli_storage_report_and_resume(tmp_path):
     md = to_markdown(rep)
     head, _, judge_section = md.partition("## Optional judge (not in the headline)")
     assert judge_section and "openai:j2" in judge_section and "openai:j2" not in head
+
+
+def test_local_judge_reply_is_opened_with_score_prefill():
+    """A judge with its own tokenizer (local) continues "Score:" after the rubric; the
+    stored raw reply starts with it, so "Score: 2 ..." parses and "Score: N" does not."""
+    from msa_eval.judge_run import SCORE_PREFILL, _request, _verdict
+    from msa_eval.runner.records import SampleRecord
+    from msa_eval.runner.reference import load_reference_tokenizer
+    from tasks.base import BuildSpec
+    from tasks.registry import get_task
+
+    tok = load_reference_tokenizer("smollm2-135m")[0]
+    s = get_task("longqa").build(0, BuildSpec(512, tok, "chat"))
+    rec = SampleRecord(backend="local:dense", sample_id=s.id, task=s.task, category=s.category, length=512,
+                       mode="chat", status="ok", prompt_hash=s.prompt_hash(), prompt_tokens_ref=1,
+                       answers=s.answers, output="It was " + s.answers[0], parsed=None, score=1.0,
+                       metric="rougeL_f1", extraction_failed=False)
+    local, remote = _request(rec, s, tok), _request(rec, s, None)
+    assert local.messages is None and local.prompt.endswith("<|im_start|>assistant\n" + SCORE_PREFILL)
+    assert remote.prompt is None and remote.messages[-1]["role"] == "user"
+    assert s.metadata["question"] in local.prompt and s.metadata["question"] in remote.messages[0]["content"]
+    assert _verdict("k", SCORE_PREFILL + " 2\nbecause", None)["score"] == 2
+    assert _verdict("k", SCORE_PREFILL + " N", None)["status"] == "unparsed"
+    assert _verdict("k", "", "timeout")["status"] == "error"
