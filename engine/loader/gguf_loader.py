@@ -100,20 +100,34 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF name of a GGUF tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"),
+    or None for tensors the engine does not load."""
+    if gguf_name in _GLOBAL_MAP:
+        return _GLOBAL_MAP[gguf_name]
+    if gguf_name.startswith("blk."):
+        _, idx, rest = gguf_name.split(".", 2)
+        if rest in _LAYER_MAP:
+            return f"model.layers.{idx}.{_LAYER_MAP[rest]}"
+    return None
+
+
+def permuted_heads(gguf_name: str, cfg: ModelConfig) -> int | None:
+    """Head count to undo llama.cpp's interleaved-RoPE row permutation with (`_unpermute`) for a
+    Llama/Mistral Q or K weight; None for every other tensor."""
+    if cfg.arch in ("llama", "mistral") and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        return cfg.num_heads if "attn_q" in gguf_name else cfg.num_kv_heads
+    return None
+
+
 def gguf_weights(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        if t.name in _GLOBAL_MAP:
-            name = _GLOBAL_MAP[t.name]
-        elif t.name.startswith("blk."):
-            _, idx, rest = t.name.split(".", 2)
-            if rest not in _LAYER_MAP:
-                continue
-            name = f"model.layers.{idx}.{_LAYER_MAP[rest]}"
-        else:
+        name = hf_tensor_name(t.name)
+        if name is None:
             continue
         shape = tuple(int(x) for x in reversed(t.shape))
         try:
@@ -126,8 +140,8 @@ def gguf_weights(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
             raise UnsupportedModelError(
                 f"GGUF tensor type {t.tensor_type.name} of {t.name} cannot be dequantized by the gguf "
                 "package: convert the model to Q8_0/Q4_K/F16 or use its HF directory") from None
-        if cfg.arch in ("llama", "mistral") and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads
+        heads = permuted_heads(t.name, cfg)
+        if heads:
             arr = _unpermute(arr, heads)
         out[name] = torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
     return out

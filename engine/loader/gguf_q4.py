@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig
-from engine.loader.gguf_loader import _GLOBAL_MAP, _LAYER_MAP, _reader, _unpermute
+from engine.loader.gguf_loader import _reader, _unpermute, hf_tensor_name, permuted_heads
 
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 
@@ -57,19 +57,13 @@ def read_q4_blocks(path: Path, cfg: ModelConfig) -> dict[str, Q4Blocks]:
         kind = t.tensor_type.name
         if kind not in _BLOCK_BYTES:
             continue
-        if t.name in _GLOBAL_MAP:
-            name = _GLOBAL_MAP[t.name]
-        elif t.name.startswith("blk."):
-            _, idx, rest = t.name.split(".", 2)
-            if rest not in _LAYER_MAP:
-                continue
-            name = f"model.layers.{idx}.{_LAYER_MAP[rest]}"
-        else:
+        name = hf_tensor_name(t.name)
+        if name is None:
             continue
         k, n = (int(x) for x in t.shape)  # GGUF lists dims fastest-first
         codes, scale, offset = _decode(t.data, kind, n, k)
-        if cfg.arch in ("llama", "mistral") and t.name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = cfg.num_heads if "attn_q" in t.name else cfg.num_kv_heads
+        heads = permuted_heads(t.name, cfg)
+        if heads:
             codes, scale, offset = (_unpermute(a, heads) for a in (codes, scale, offset))
         out[name] = Q4Blocks(torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(np.ascontiguousarray(scale)),
                              torch.from_numpy(np.ascontiguousarray(offset)))
