@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from benchmarks.engine_gpu.common import (copy_bandwidth, env_info, fake_prefill, kv_bytes_per_token, random_prompt,
-                                          save, stack_engine, timed_steps, weight_bytes_per_token)
+from benchmarks.engine_gpu.common import (run_sections, copy_bandwidth, env_info, fake_prefill, kv_bytes_per_token, random_prompt,
+                                          stack_engine, timed_steps, weight_bytes_per_token)
 
 
 def roofline(rows: list[dict], bw: float, ctx: int, steps: int) -> None:
@@ -167,17 +167,7 @@ def main() -> None:
     print(rows, flush=True)
     sections = {"roofline": lambda: roofline(rows, bw, args.ctx, args.steps),
                 "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new, tuple(args.hf_modes.split(",")))}
-    for name, fn in sections.items():
-        if name in args.skip.split(","):
-            continue
-        try:
-            fn()
-        except Exception as e:  # keep the other sections' numbers
-            import traceback
-
-            traceback.print_exc()
-            rows.append({"bench": "error", "error": repr(e)})
-        save(f"{args.out}/decode{args.tag}.json", rows)
+    run_sections(sections, args.skip, rows, f"{args.out}/decode{args.tag}.json")
 
 
 if __name__ == "__main__":

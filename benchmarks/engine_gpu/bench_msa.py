@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from benchmarks.engine_gpu.common import env_info, fake_prefill, random_prompt, save, stack_engine, timed_steps
+from benchmarks.engine_gpu.common import run_sections, env_info, fake_prefill, random_prompt, stack_engine, timed_steps
 
 
 def free() -> None:
@@ -96,17 +96,7 @@ def main() -> None:
         "prefill": lambda: prefill(rows, ints(args.prefill), ints(args.msa_only), args.prefill_layers, args.chunk,
                                    args.dense_chunk),
     }
-    for name, fn in sections.items():
-        if name in args.skip.split(","):
-            continue
-        try:
-            fn()
-        except Exception as e:  # keep the other section's numbers
-            import traceback
-
-            traceback.print_exc()
-            rows.append({"bench": "error", "section": name, "error": repr(e)})
-        save(f"{args.out}/msa{args.tag}.json", rows)
+    run_sections(sections, args.skip, rows, f"{args.out}/msa{args.tag}.json")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from benchmarks.engine_gpu.common import env_info, fake_prefill, save, stack_engine, timed_steps
+from benchmarks.engine_gpu.common import run_sections, env_info, fake_prefill, stack_engine, timed_steps
 
 MODES = ("msa-eager", "msa-plan", "msa-graphs", "dense-graphs")
 
@@ -107,17 +107,7 @@ def main() -> None:
     sections = {"default": lambda: default_model(rows, [int(b) for b in args.batches.split(",")], args.ctx,
                                                  args.steps),
                 "m3": lambda: m3_stack(rows, cases, args.m3_layers, args.steps)}
-    for name, fn in sections.items():
-        if name in args.skip.split(","):
-            continue
-        try:
-            fn()
-        except Exception as e:  # keep the other section's numbers
-            import traceback
-
-            traceback.print_exc()
-            rows.append({"bench": "error", "section": name, "error": repr(e)})
-        save(f"{args.out}/msa_graphs.json", rows)
+    run_sections(sections, args.skip, rows, f"{args.out}/msa_graphs.json")
 
 
 if __name__ == "__main__":

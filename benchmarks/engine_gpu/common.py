@@ -141,3 +141,20 @@ def save(path: str, rows: list[dict]) -> None:
     with open(tmp, "w") as f:
         json.dump(rows, f, indent=1)
     os.replace(tmp, path)
+
+
+def run_sections(sections: dict, skip: str, rows: list[dict], path: str) -> None:
+    """Run each benchmark section (name -> callable appending to `rows`) unless named in the comma list
+    `skip`; a failing section leaves an error row and the other sections' numbers; `rows` is saved to
+    `path` after every section."""
+    import traceback
+
+    for name, fn in sections.items():
+        if name in skip.split(","):
+            continue
+        try:
+            fn()
+        except Exception as e:  # keep the other sections' numbers
+            traceback.print_exc()
+            rows.append({"bench": "error", "section": name, "error": repr(e)})
+        save(path, rows)
