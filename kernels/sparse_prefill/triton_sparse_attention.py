@@ -15,6 +15,15 @@ Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
   block), so other blocks cost what plain flash attention costs. Blocks that few of the tile's
   tokens chose can be left out of the union (``RARE_MAX``) and added afterwards per token by
   ``_token_kernel`` in ``MERGE`` mode.
+* Tile options (constexpr, measured in ``benchmarks/prefill/RESULTS.md`` run 5): ``HSPLIT`` splits
+  the group's heads over that many programs (``TQ x G / HSPLIT`` rows each: 64-row programs that
+  fit two per SM); ``LAZY`` rescales the accumulator only when some row's running max grew by more
+  than 8 (base 2; exact: the reference is merely stale, FlashAttention-4's conditional rescale);
+  ``EXP_FMA`` folds the scale and the membership bias into the exponent's reference
+  (``exp2(s * scale - ref)``: one FMA per score instead of an FMA and a subtract).
+* ``GATED`` (the no-sync ``design="auto"``): a device flag (1 = tile design) makes the tile kernel
+  exit at once when 0, and the token kernel run plain over ``IDS`` when 0 or merge over ``RARE``
+  when 1, so the choice needs no host sync.
 
 Rows with nothing visible yet keep ``m = -inf``; the exponent reference is then 0 so that
 ``exp2(-inf - ref) = 0`` and no NaN appears. An empty selection gives ``out = 0``, ``lse = -inf``.
@@ -42,18 +51,6 @@ def _online_update(qk, valid, m_i, l_i, acc, v):
 
 
 @triton.jit
-def _online_update_masked(s, m_i, l_i, acc, v):
-    """Same as ``_online_update`` for scores already scaled and masked (-inf where not visible)."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_ref[:, None])
-    alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc):
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -63,19 +60,32 @@ def _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc):
 
 
 @triton.jit
-def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
+def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, qk_scale,
+                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_rt, stride_rh, qk_scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
-                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False):
+                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False,
+                  GATED: tl.constexpr = False, HAS_RARE: tl.constexpr = False):
     """``MERGE``: ``OUT``/``LSE`` already hold attention over other blocks (the tile kernel's common
-    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written."""
+    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written.
+    ``GATED``: merge over ``RARE`` when ``FLAG`` is 1 (nothing to do without ``HAS_RARE``), plain
+    attention over ``IDS`` when it is 0."""
     pid = tl.program_id(0)
     t = pid // HKV
     g = pid % HKV
-    id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
+    if GATED:
+        merge = tl.load(FLAG) != 0
+        if merge:
+            if not HAS_RARE:
+                return
+            id_row = RARE + t.to(tl.int64) * stride_rt + g * stride_rh
+        else:
+            id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
+    else:
+        merge = MERGE
+        id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
     n_valid = tl.sum((tl.load(id_row + tl.arange(0, TOPK)) >= 0).to(tl.int32), axis=0)
-    if MERGE:
+    if merge:
         if n_valid == 0:
             return
     req = tl.load(TOK_REQ + t)
@@ -94,15 +104,14 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
 
     out_rows = t.to(tl.int64) * stride_ot + head * stride_oh
     lse_rows = t.to(tl.int64) * (HKV * G) + head
-    if MERGE:  # normalised out with l = 1 at m = lse (base 2): the online state it stands for
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    if merge:  # normalised out with l = 1 at m = lse (base 2): the online state it stands for
         lse_in = tl.load(LSE + lse_rows, mask=row_ok, other=float("-inf"))
         m_i = lse_in * 1.4426950408889634
         l_i = tl.where(lse_in > float("-inf"), 1.0, 0.0)
         acc = tl.load(OUT + out_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    else:
-        m_i = tl.full([GP], float("-inf"), tl.float32)
-        l_i = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, D], tl.float32)
     pt_row = PT + req.to(tl.int64) * stride_pt
     for s in range(0, n_valid):
         blk = tl.load(id_row + s)
@@ -119,14 +128,56 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
 
 
 @triton.jit
-def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE,
+def _tile_block(s_raw, blk, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, v,
+                B: tl.constexpr, LAZY: tl.constexpr, EXP_FMA: tl.constexpr):
+    """Online-softmax update of the tile state by one union block from its raw scores ``Q K^T``."""
+    bias = tl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose it
+    if blk * B + (B - 1) > pos_min:  # a key of this block lies past some row: causal mask
+        s_raw = tl.where((blk * B + offs_b)[None, :] <= pos[:, None], s_raw, float("-inf"))
+    if EXP_FMA:  # scale > 0: the row max of the scaled scores is the scaled row max
+        m_blk = tl.max(s_raw, axis=1) * qk_scale + bias
+        s = s_raw
+    else:
+        s = s_raw * qk_scale + bias[:, None]
+        m_blk = tl.max(s, axis=1)
+    m_new = tl.maximum(m_i, m_blk)
+    if LAZY:  # keep a stale reference unless some row's max grew by more than 2^8
+        if tl.max((m_new > m_i + 8.0).to(tl.int32), axis=0) > 0:
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+    else:
+        alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))  # 0 while m_i = -inf
+        l_i = l_i * alpha
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
+    if EXP_FMA:  # non-member rows: reference +inf, so exp2(. - inf) = 0
+        p = tl.exp2(s * qk_scale - (m_ref - bias)[:, None])
+    else:
+        p = tl.exp2(s - m_ref[:, None])
+    l_i = l_i + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE, FLAG,
                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
                  stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                 D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr):
+                 D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, HSPLIT: tl.constexpr = 1,
+                 LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False):
+    """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads."""
+    if GATED:
+        if tl.load(FLAG) == 0:
+            return
+    GS: tl.constexpr = G // HSPLIT
     pid = tl.program_id(0)
-    tile = pid // HKV
-    g = pid % HKV
+    tile = pid // (HKV * HSPLIT)
+    g = (pid // HSPLIT) % HKV
+    part = pid % HSPLIT
     req = tl.load(TILE_REQ + tile)
     if req < 0:
         return
@@ -136,9 +187,9 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     kv_len = tl.load(SEQ + req)
 
     rows = tl.arange(0, BLOCK_M)
-    tok = t0 + rows // G
-    head = g * G + rows % G
-    row_ok = (rows < TQ * G) & (tok < q_end)
+    tok = t0 + rows // GS
+    head = g * G + part * GS + rows % GS
+    row_ok = (rows < TQ * GS) & (tok < q_end)
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
     pos_min = tl.min(tl.where(row_ok, pos, 2147483647), axis=0)
     offs_d = tl.arange(0, D)
@@ -148,7 +199,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
                 mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    row_bit = rows // G  # the row's token within the tile: its bit in the block's token mask
+    row_bit = rows // GS  # the row's token within the tile: its bit in the block's token mask
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -163,78 +214,8 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        # rows whose token did not select this block get a -inf bias, folded into the scale FMA
-        member = ((tl.load(UMASK + u_off + u) >> row_bit) & 1) != 0
-        s = tl.dot(q, tl.trans(k)) * qk_scale + tl.where(member, 0.0, float("-inf"))[:, None]
-        if blk * B + (B - 1) > pos_min:  # a key of this block lies past some row: causal mask
-            s = tl.where((blk * B + offs_b)[None, :] <= pos[:, None], s, float("-inf"))
-        m_i, l_i, acc = _online_update_masked(s, m_i, l_i, acc, v)
+        bits = tl.load(UMASK + u_off + u)
+        m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk, bits, row_bit, pos, pos_min, offs_b, qk_scale,
+                                    m_i, l_i, acc, v, B, LAZY, EXP_FMA)
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)
-
-
-@triton.jit
-def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE,
-                  stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
-                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr):
-    """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
-    first appearance (token by token), with the physical page of each block and the bitmask of the
-    tile's tokens that selected it (int32, bit j = token t0 + j, TQ <= 32); -1 after ``count``.
-
-    ``RARE_MAX > 0``: blocks selected by at most ``RARE_MAX`` of the tile's tokens stay out of the
-    union; each token's such blocks go to ``RARE [T, Hkv, TOPK]`` instead (compacted, -1 after).
-    """
-    pid = tl.program_id(0)
-    tile = pid // HKV
-    g = pid % HKV
-    req = tl.load(TILE_REQ + tile)
-    t0 = tl.load(TILE_START + tile)
-    q_end = tl.where(req >= 0, tl.load(CUQ + tl.maximum(req, 0) + 1), 0)  # surplus tile: nothing valid
-    NP: tl.constexpr = TQ * TOPK  # a power of two: TQ and TOPK are
-    idx = tl.arange(0, NP)
-    tok_of = idx // TOPK
-    tok = t0 + tok_of
-    ok = tok < q_end
-    ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
-    # per id: the bitmask of the tile's tokens that selected it (a token's own ids are distinct);
-    # it is a duplicate iff an earlier token's bit is set
-    if NP <= 128:  # one all-pairs compare (the H200-measured path of the M3 shape)
-        same = (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
-        # distinct bits: the sum is the OR (bit 31 wraps to the sign bit, which is still bit 31)
-        tokmask = tl.sum(tl.where(same, 1 << tok_of[None, :], 0), axis=1)
-    else:  # TQ compares of [NP, TOPK]: keeps the live tiles small up to TQ * TOPK = 1024
-        tokmask = tl.zeros([NP], tl.int32)
-        slots = tl.arange(0, TOPK)
-        for jt in tl.static_range(TQ):
-            row = tl.load(IDS + (t0 + jt).to(tl.int64) * stride_it + g * stride_ih + slots,
-                          mask=(slots * 0 + t0 + jt) < q_end, other=-2)
-            hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
-            tokmask = tokmask | (hit << jt)
-    earlier = tokmask & ((1 << tok_of) - 1)
-    keep = (ids >= 0) & (earlier == 0)
-    if RARE_MAX > 0:
-        n_tok = tl.zeros([NP], tl.int32)
-        for jt in tl.static_range(TQ):
-            n_tok += (tokmask >> jt) & 1
-        rare = (ids >= 0) & (n_tok <= RARE_MAX)
-        keep = keep & (n_tok > RARE_MAX)
-        rare2 = tl.reshape(rare.to(tl.int32), [TQ, TOPK])
-        col = tl.arange(0, TOPK)[None, :]
-        r_slot = tl.cumsum(rare2, axis=1) - 1
-        r_cnt = tl.sum(rare2, axis=1)
-        tok2 = t0 + tl.arange(0, TQ)
-        r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
-        tok_ok = (tok2 < q_end)[:, None]
-        tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
-        tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
-    slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
-    count = tl.sum(keep.to(tl.int32), axis=0)
-    page = tl.load(PT + tl.maximum(req, 0).to(tl.int64) * stride_pt + ids, mask=keep, other=0)
-    base = tile.to(tl.int64) * stride_ut + g * stride_uh
-    tl.store(UNION + base + slot, ids, mask=keep)
-    tl.store(UPAGE + base + slot, page, mask=keep)
-    tl.store(UMASK + base + slot, tokmask, mask=keep)
-    tl.store(UNION + base + idx, -1, mask=idx >= count)
-    tl.store(UPAGE + base + idx, 0, mask=idx >= count)
-    tl.store(UMASK + base + idx, 0, mask=idx >= count)
-    tl.store(UCOUNT + pid, count)

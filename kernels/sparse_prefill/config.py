@@ -1,0 +1,105 @@
+"""Launch configuration of the tile-sharing kernel and the tile-vs-token design choice.
+
+Every default here was measured on one H200 (M3 shape, selections of the real indexer on structured
+inputs); ``benchmarks/prefill/RESULTS.md`` names the run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Break-even measured on an H200 (M3 shape, G = 16, TQ = 8, bf16, benchmarks/prefill/RESULTS.md run 2):
+# the tile kernel costs about 0.65 ms per union block per 64K tokens (16.8 ms at union 25.0), the
+# per-token kernel 31.3 ms, so it wins below a union of ~3 k; per row of MMA work the 128-row tile
+# is ~3x as efficient as the 16-row per-token tile (2.4x before the run-2 tile kernel).
+_TILE_EFFICIENCY = 3.0
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """How the tile design runs (``None`` fields: the defaults below for the shape).
+
+    tile_q: tokens per tile (power of two <= 32); rare_max: blocks chosen by at most this many of a
+    tile's tokens go to the per-token merge pass (0: off); head_split: programs per (tile, KV head),
+    each over ``G / head_split`` heads; num_warps / num_stages: the tile kernel's; rare_stages: the
+    merge pass's pipeline stages; lazy / exp_fma: the tile kernel's softmax options (see
+    ``triton_sparse_attention.py``).
+    """
+    tile_q: int | None = None
+    rare_max: int | None = None
+    head_split: int = 1
+    num_warps: int | None = None
+    num_stages: int | None = None
+    rare_stages: int = 2
+    lazy: bool = False
+    exp_fma: bool = False
+
+    def resolved(self, group: int) -> "TileConfig":
+        """This config with every ``None`` replaced by the default for a group of ``group`` heads."""
+        tile_q = self.tile_q or default_tile_q(group)
+        block_m = tile_block_m(tile_q, group, self.head_split)
+        return TileConfig(tile_q=tile_q, rare_max=default_rare_max(group) if self.rare_max is None else self.rare_max,
+                          head_split=self.head_split, num_warps=self.num_warps or (8 if block_m >= 128 else 4),
+                          num_stages=self.num_stages or default_tile_stages(block_m),
+                          rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def tile_block_m(tile_q: int, group: int, head_split: int = 1) -> int:
+    """MMA rows of one tile program: ``tile_q x G / head_split`` padded to a power of two >= 16."""
+    return max(16, triton_next_pow2(tile_q * (group // head_split)))
+
+
+def default_rare_max(group: int) -> int:
+    """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none).
+
+    2 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: union 27 -> 18 blocks, 7-9% faster
+    than no split, benchmarks/prefill/RESULTS.md session 2 run 4); small groups are not measured: off.
+    """
+    return 2 if group >= 8 else 0
+
+
+def default_tile_stages(block_m: int) -> int:
+    """Pipeline stages of the tile kernel: 3 at 128 rows (run 4: 36.0 vs 36.8 ms at 128K), else 2."""
+    return 3 if block_m >= 128 else 2
+
+
+def default_tile_q(group: int) -> int:
+    """Tokens per tile: 8 x G rows for G >= 8 (128 rows at G = 16), 16 tokens for small groups."""
+    return 8 if group >= 8 else 16
+
+
+def _threshold(topk: int, tile_q: int, group: int) -> tuple[int, float]:
+    block_m = max(16, triton_next_pow2(tile_q * group))
+    rows_per_token = max(16, triton_next_pow2(group))
+    return block_m, _TILE_EFFICIENCY * tile_q * topk * rows_per_token
+
+
+def prefer_tile(mean_union: float, topk: int, tile_q: int, group: int) -> bool:
+    """Tile sharing wins when its MMA rows x union beat the per-token kernel's padded rows x k.
+
+    Tile work ~ ``union * BLOCK_M``; per-token work ~ ``tile_q * k * GP`` (GP = G padded to >= 16),
+    scaled by the measured efficiency ratio of the two kernels.
+    """
+    block_m, limit = _threshold(topk, tile_q, group)
+    return mean_union * block_m <= limit
+
+
+def tile_flag(count: torch.Tensor, rare_ids: torch.Tensor | None, tile_req: torch.Tensor, topk: int,
+              tile_q: int, group: int) -> torch.Tensor:
+    """``prefer_tile`` on the device, no host sync: int32 ``[1]``, 1 = tile design, 0 = per token.
+
+    The mean union is taken over the valid (tile, KV head) pairs; a rare (token, block) pair counts
+    1 / ``tile_q`` of a union block (it costs one token's rows, not a tile's).
+    """
+    valid = tile_req >= 0
+    work = (count * valid[:, None]).sum(dtype=torch.float32)
+    if rare_ids is not None:
+        work = work + (rare_ids >= 0).sum(dtype=torch.float32) / tile_q
+    mean_union = work / (valid.sum() * count.shape[1]).clamp(min=1)
+    block_m, limit = _threshold(topk, tile_q, group)
+    return (mean_union * block_m <= limit).to(torch.int32).reshape(1)

@@ -1,0 +1,81 @@
+"""Launchers of the sparse prefill kernels (shapes already validated by ``op.py``)."""
+from __future__ import annotations
+
+import torch
+
+from kernels._common.tiles import tile_table, token_requests
+from kernels._common.validate import interpreting
+from kernels.sparse_prefill.config import TileConfig, tile_block_m, triton_next_pow2
+from kernels.sparse_prefill.unions import TileUnions, build_unions
+
+_LOG2E = 1.4426950408889634
+
+
+def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
+                  merge=False, num_stages=2, flag=None, rare_ids=None):
+    """One program per (token, KV head). ``merge``: add ``topk_ids``' blocks to the attention state
+    already in ``out``/``lse`` (rows with no ids are left as they are). ``flag`` (int32 ``[1]`` on
+    the device): gated launch, plain over ``topk_ids`` when 0, merge over ``rare_ids`` when 1."""
+    from kernels.sparse_prefill.triton_sparse_attention import _token_kernel
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    tok_req = token_requests(cu_seqlens_q, t)
+    rare = rare_ids if rare_ids is not None else topk_ids
+    _token_kernel[(t * hkv,)](
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, tok_req, topk_ids, out, lse,
+        flag if flag is not None else tok_req, rare,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+        topk_ids.stride(0), topk_ids.stride(1), out.stride(0), out.stride(1), rare.stride(0), rare.stride(1),
+        scale * _LOG2E, HKV=hkv, G=group, GP=max(16, triton_next_pow2(group)), D=d, B=block,
+        TOPK=topk_ids.shape[2], UPCAST=interpreting(), MERGE=merge, GATED=flag is not None,
+        HAS_RARE=rare_ids is not None, num_warps=4, num_stages=num_stages)
+
+
+def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
+                 num_warps=None, num_stages=None, tiles=None, union=None, rare_max=0,
+                 config: TileConfig | None = None, flag=None):
+    """Tile kernel over each tile's union; then, if the union left rare blocks out, the per-token
+    kernel adds them (``merge``). ``config`` overrides ``tile_q`` / ``num_warps`` / ``num_stages`` /
+    ``rare_max``; ``flag`` (device int32 ``[1]``): the gated no-sync launch of ``design="auto"``
+    (the tile kernel exits when 0, the token kernel then runs plain over ``topk_ids``)."""
+    from kernels.sparse_prefill.triton_sparse_attention import _tile_kernel
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    if config is None:
+        config = TileConfig(tile_q=tile_q, rare_max=rare_max, num_warps=num_warps, num_stages=num_stages)
+    cfg = config.resolved(group)
+    tile_q = cfg.tile_q
+    if group % cfg.head_split:
+        raise ValueError(f"msa_prefill_attention: head_split must divide the group size {group}, got {cfg.head_split}")
+    tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
+    if union is None:
+        union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max)
+    _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
+        union.union, union.pages, union.token_mask, union.count, out, lse,
+        flag if flag is not None else union.count,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * _LOG2E,
+        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_block_m(tile_q, group, cfg.head_split), D=d, B=block,
+        UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
+        GATED=flag is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
+        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
+                      num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)
+    elif union.rare_ids is not None:
+        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
+                      merge=True, num_stages=cfg.rare_stages)
+
+
+def tile_union_stats(union: TileUnions, tile_req: torch.Tensor) -> dict:
+    """Mean union blocks per valid (tile, KV head) and rare blocks per (token, KV head), on the host."""
+    valid = tile_req >= 0
+    mean_u = union.count[valid].float().mean().item() if bool(valid.any()) else 0.0
+    rare = (union.rare_ids >= 0).float().sum(-1).mean().item() if union.rare_ids is not None else 0.0
+    return dict(mean_union=mean_u, rare_per_token=rare)

@@ -1,0 +1,72 @@
+"""Triton kernel that builds the union of a tile's selected blocks (see ``unions.py``)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE,
+                  stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
+                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr):
+    """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
+    first appearance (token by token), with the physical page of each block and the bitmask of the
+    tile's tokens that selected it (int32, bit j = token t0 + j, TQ <= 32); -1 after ``count``.
+
+    ``RARE_MAX > 0``: blocks selected by at most ``RARE_MAX`` of the tile's tokens stay out of the
+    union; each token's such blocks go to ``RARE [T, Hkv, TOPK]`` instead (compacted, -1 after).
+    """
+    pid = tl.program_id(0)
+    tile = pid // HKV
+    g = pid % HKV
+    req = tl.load(TILE_REQ + tile)
+    t0 = tl.load(TILE_START + tile)
+    q_end = tl.where(req >= 0, tl.load(CUQ + tl.maximum(req, 0) + 1), 0)  # surplus tile: nothing valid
+    NP: tl.constexpr = TQ * TOPK  # a power of two: TQ and TOPK are
+    idx = tl.arange(0, NP)
+    tok_of = idx // TOPK
+    tok = t0 + tok_of
+    ok = tok < q_end
+    ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
+    # per id: the bitmask of the tile's tokens that selected it (a token's own ids are distinct);
+    # it is a duplicate iff an earlier token's bit is set
+    if NP <= 128:  # one all-pairs compare (the H200-measured path of the M3 shape)
+        same = (ids[:, None] == ids[None, :]) & (ids[:, None] >= 0)
+        # distinct bits: the sum is the OR (bit 31 wraps to the sign bit, which is still bit 31)
+        tokmask = tl.sum(tl.where(same, 1 << tok_of[None, :], 0), axis=1)
+    else:  # TQ compares of [NP, TOPK]: keeps the live tiles small up to TQ * TOPK = 1024
+        tokmask = tl.zeros([NP], tl.int32)
+        slots = tl.arange(0, TOPK)
+        for jt in tl.static_range(TQ):
+            row = tl.load(IDS + (t0 + jt).to(tl.int64) * stride_it + g * stride_ih + slots,
+                          mask=(slots * 0 + t0 + jt) < q_end, other=-2)
+            hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
+            tokmask = tokmask | (hit << jt)
+    earlier = tokmask & ((1 << tok_of) - 1)
+    keep = (ids >= 0) & (earlier == 0)
+    if RARE_MAX > 0:
+        n_tok = tl.zeros([NP], tl.int32)
+        for jt in tl.static_range(TQ):
+            n_tok += (tokmask >> jt) & 1
+        rare = (ids >= 0) & (n_tok <= RARE_MAX)
+        keep = keep & (n_tok > RARE_MAX)
+        rare2 = tl.reshape(rare.to(tl.int32), [TQ, TOPK])
+        col = tl.arange(0, TOPK)[None, :]
+        r_slot = tl.cumsum(rare2, axis=1) - 1
+        r_cnt = tl.sum(rare2, axis=1)
+        tok2 = t0 + tl.arange(0, TQ)
+        r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
+        tok_ok = (tok2 < q_end)[:, None]
+        tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
+        tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
+    slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    count = tl.sum(keep.to(tl.int32), axis=0)
+    page = tl.load(PT + tl.maximum(req, 0).to(tl.int64) * stride_pt + ids, mask=keep, other=0)
+    base = tile.to(tl.int64) * stride_ut + g * stride_uh
+    tl.store(UNION + base + slot, ids, mask=keep)
+    tl.store(UPAGE + base + slot, page, mask=keep)
+    tl.store(UMASK + base + slot, tokmask, mask=keep)
+    tl.store(UNION + base + idx, -1, mask=idx >= count)
+    tl.store(UPAGE + base + idx, 0, mask=idx >= count)
+    tl.store(UMASK + base + idx, 0, mask=idx >= count)
+    tl.store(UCOUNT + pid, count)

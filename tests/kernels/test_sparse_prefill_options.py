@@ -1,0 +1,102 @@
+"""Tile-kernel options (head split, lazy rescale, exp FMA, merge-pass stages) and the no-sync auto design."""
+import pytest
+import torch
+
+from kernels._common.tiles import tile_table
+from kernels.indexer import naive as indexer_naive
+from kernels.sparse_prefill import msa_prefill_attention
+from kernels.sparse_prefill.config import TileConfig, prefer_tile, tile_flag
+from kernels.sparse_prefill.launch import _launch_tile
+from kernels.sparse_prefill.naive import sparse_attention_reference
+from kernels.sparse_prefill.unions import build_unions
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _ids(case, topk):
+    return indexer_naive.indexer_paged_reference(case["q_idx"], case["k_idx_cache"], case["page_table"],
+                                                 case["cu_seqlens_q"], case["seq_lens_kv"], topk)
+
+
+def _poisoned(case):
+    return torch.full_like(case["q"], float("nan")), torch.full(case["q"].shape[:2], float("nan"), device=case["q"].device)
+
+
+def _check(case, ids, out, lse):
+    ref_out, ref_lse = sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
+                                                  case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten (NaN-poisoned) output"
+    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("cfg", [
+    TileConfig(tile_q=8, rare_max=2, head_split=2),
+    TileConfig(tile_q=8, rare_max=0, lazy=True),
+    TileConfig(tile_q=8, rare_max=1, exp_fma=True, rare_stages=1),
+    TileConfig(tile_q=4, rare_max=1, head_split=4, lazy=True, exp_fma=True, num_stages=1),
+])
+@pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
+    ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
+    ([40, 3], [300, 130], 2, 4, 64, 128, 4),  # two requests, B = 128, T < B for one
+])
+def test_tile_options_match_reference(paged_case, cfg, q_lens, kv_lens, hkv, group, d, block, topk):
+    case = paged_case(q_lens, kv_lens, hkv=hkv, group=group, d=d, block=block, dtype=torch.bfloat16, device=DEV,
+                      seed=group + topk)
+    ids = _ids(case, topk)
+    out, lse = _poisoned(case)
+    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                          case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
+    _check(case, ids, out, lse)
+
+
+def test_head_split_must_divide_the_group(paged_case):
+    case = paged_case([10], [100], hkv=2, group=3, d=64, block=64, device=DEV)
+    with pytest.raises(ValueError, match="head_split must divide"):
+        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(head_split=2))
+
+
+def test_device_flag_follows_prefer_tile():
+    count = torch.tensor([[20, 30], [25, 25], [0, 0]], dtype=torch.int32)
+    tile_req = torch.tensor([0, 0, -1], dtype=torch.int32)  # the last tile is surplus: not averaged
+    rare = torch.tensor([[[3, -1], [4, 5]]], dtype=torch.int32)  # 3 rare pairs: 3 / tile_q union blocks
+    for topk, tile_q, group in [(16, 8, 16), (4, 8, 16), (16, 16, 3), (4, 4, 2)]:
+        mean = (100 + 3 / tile_q) / 4
+        want = prefer_tile(mean, topk, tile_q, group)
+        assert tile_flag(count, rare, tile_req, topk, tile_q, group).tolist() == [int(want)]
+    assert tile_flag(count, None, tile_req, 4, 8, 16).tolist() == [int(prefer_tile(25.0, 4, 8, 16))]
+
+
+@pytest.mark.parametrize("flag_value", [0, 1])
+def test_gated_launch_runs_the_flagged_design(paged_case, flag_value):
+    case = paged_case([45, 7], [300, 7], hkv=2, group=8, d=64, block=64, dtype=torch.bfloat16, device=DEV, seed=3)
+    ids = _ids(case, 8)
+    args = (case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
+    tiles = tile_table(case["cu_seqlens_q"], 52, 8, longest_first=False)
+    union = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8, rare_max=2)
+    out, lse = _poisoned(case)
+    flag = torch.tensor([flag_value], dtype=torch.int32, device=DEV)
+    _launch_tile(*args, ids, out, lse, 0.125, 8, tiles=tiles, union=union, config=TileConfig(tile_q=8, rare_max=2),
+                 flag=flag)
+    _check(case, ids, out, lse)
+    want, want_lse = msa_prefill_attention(*args, ids, impl="triton", design="tile" if flag_value else "token",
+                                           tile_q=8, rare_max=2)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)  # the same kernels ran, bit for bit
+
+
+def test_auto_design_picks_per_token_for_scattered_selections(paged_case):
+    # random index inputs at k = 4 over ~40 blocks: 8 neighbours share almost nothing, the union
+    # (~20 blocks for 32 selections, no rare split) is past the break-even (12), so auto must give
+    # the per-token result
+    case = paged_case([16], [5000], hkv=1, group=16, d=64, block=128, dtype=torch.bfloat16, device=DEV, seed=11)
+    ids = _ids(case, 4)
+    args = (case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
+    tiles = tile_table(case["cu_seqlens_q"], 16, 8, longest_first=False)
+    union = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8)
+    assert tile_flag(union.count, union.rare_ids, tiles[0], 4, 8, 16).item() == 0
+    auto = msa_prefill_attention(*args, ids, impl="triton", design="auto", rare_max=0)
+    token = msa_prefill_attention(*args, ids, impl="triton", design="token")
+    assert torch.equal(auto[0], token[0]) and torch.equal(auto[1], token[1])
