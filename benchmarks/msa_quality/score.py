@@ -42,6 +42,24 @@ def table(rows: list[dict]) -> tuple[list[str], dict]:
     return lines, summary
 
 
+def paired_lines(rows: list[dict]) -> list[str]:
+    """Per cell and non-dense setting, the paired count over the same samples: samples dense scores
+    higher on (dense right, MSA wrong) / samples the setting scores higher on (the reverse)."""
+    score = {(r["setting"], r["id"]): ruler_recall(r["output"], r["answers"]) for r in rows}
+    settings = [s for s in dict.fromkeys(r["setting"] for r in rows) if s != "dense"]
+    cells = sorted({(r["task"], r["length"]) for r in rows})
+    ids = {c: [r["id"] for r in rows if r["setting"] == "dense" and (r["task"], r["length"]) == c] for c in cells}
+    lines = ["| task | length | " + " | ".join(f"{s}: dense better / {s} better" for s in settings) + " |",
+             "|" + " --- |" * (2 + len(settings))]
+    for c in cells:
+        cols = []
+        for s in settings:
+            pairs = [(score[("dense", i)], score[(s, i)]) for i in ids[c] if (s, i) in score]
+            cols.append(f"{sum(d > m for d, m in pairs)} / {sum(m > d for d, m in pairs)}")
+        lines.append(f"| {c[0]} | {c[1]} | " + " | ".join(cols) + " |")
+    return lines
+
+
 def best_setting(summary: dict, among: list[str] | None = None) -> str:
     """The setting (of `among`, default: all but dense and B64/k8 ones) with the highest accuracy
     summed over all cells (the first listed wins ties)."""
@@ -75,8 +93,9 @@ def main() -> None:
     if a.best is not None:
         print(best_setting(summary, a.best))
         return
-    info = json.loads((raw / "info.json").read_text())
-    text = "\n".join(lines) + "\n\n" + "\n".join(recall_lines(info)) + "\n"
+    info = json.loads((raw / "info.json").read_text()) if (raw / "info.json").is_file() else {}
+    paired = paired_lines(rows) if any(r["setting"] == "dense" for r in rows) else []
+    text = "\n".join(lines) + "\n\n" + "\n".join(paired) + "\n\n" + "\n".join(recall_lines(info)) + "\n"
     if a.out:
         tmp = Path(a.out).with_suffix(".tmp")
         tmp.write_text(text)

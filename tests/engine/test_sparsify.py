@@ -230,3 +230,34 @@ def test_oracle_probe_selects_the_heaviest_blocks_and_bounds_an_indexer():
     # the oracle picks by the group-mean mass, so its mean recall over the group is the best possible
     assert (orc.selected_mass.mean(-1) >= ix.selected_mass.mean(-1) - 1e-6).all()
     assert torch.equal(orc.needle_mass, ix.needle_mass)
+
+
+def test_layers_train_independently_so_keep_dense_equals_a_run_with_more_dense_layers(tiny, tmp_path):
+    """`keep_dense(adapter, [2])` is byte for byte the adapter of a run with layer 2 dense too."""
+    from safetensors.torch import load_file
+
+    from engine import LLM
+    from engine.msa import AdapterError
+    from engine.sparsify import sparsify
+    from engine.sparsify.subset import keep_dense
+
+    model, data = tiny
+    kw = dict(warmup_steps=4, steps=2, teacher="max", long_range=0.5, recurrence=0.2)
+    full = sparsify(tiny_cfg(model, data, tmp_path / "full", **kw), command="msa-eval sparsify --out full --seed 3",
+                    progress=False)
+    sub = sparsify(tiny_cfg(model, data, tmp_path / "sub", dense_layers=(0, 2), **kw), progress=False)
+    derived = keep_dense(tmp_path / "full", [2], tmp_path / "derived")
+    a, b = load_file(str(tmp_path / "sub" / "indexer.safetensors")), load_file(
+        str(tmp_path / "derived" / "indexer.safetensors"))
+    assert a.keys() == b.keys() == {"layers.1.wq", "layers.1.wk"}
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert set(load_file(str(tmp_path / "full" / "indexer.safetensors"))) > set(a)  # the source had layer 2
+    assert derived["msa"] == sub["msa"] and derived["settings"] == sub["settings"]
+    assert derived["layers"]["1"]["recall_after"] == sub["layers"]["1"]["recall_after"] != full["layers"]["2"][
+        "recall_after"]
+    assert derived["command"] == "msa-eval sparsify --out full --seed 3 --dense-layers 0,2"
+    assert derived["derived"]["dropped_layers"] == [2]
+    llm = LLM(f"{model}+{tmp_path / 'derived'}", attention="msa", device="cpu", kv_cache_tokens=1024, progress=False)
+    assert llm.msa.dense_layers == (0, 2)
+    with pytest.raises(AdapterError, match="not MSA layers"):
+        keep_dense(tmp_path / "full", [0], tmp_path / "x")
