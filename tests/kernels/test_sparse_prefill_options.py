@@ -100,3 +100,22 @@ def test_auto_design_picks_per_token_for_scattered_selections(paged_case):
     auto = msa_prefill_attention(*args, ids, impl="triton", design="auto", rare_max=0)
     token = msa_prefill_attention(*args, ids, impl="triton", design="token")
     assert torch.equal(auto[0], token[0]) and torch.equal(auto[1], token[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("cfg", [
+    TileConfig(tile_q=8, rare_max=2, rare_stages=1), TileConfig(tile_q=8, rare_max=2, lazy=True),
+    TileConfig(tile_q=8, rare_max=2, exp_fma=True), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=True),
+    TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=1),
+    TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=2),
+    TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1), None])
+def test_tile_options_gpu_m3(paged_case, cfg):
+    case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
+    from kernels.indexer import msa_indexer
+    ids = msa_indexer(case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"],
+                      case["seq_lens_kv"], 16)
+    out, lse = _poisoned(case)
+    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                          case["seq_lens_kv"], ids, design="tile" if cfg else "auto", tile_config=cfg, out=out, lse=lse)
+    _check(case, ids, out, lse)
