@@ -18,8 +18,8 @@ from benchmarks.engine_gpu.common import (run_sections, copy_bandwidth, env_info
                                           stack_engine, timed_steps, weight_bytes_per_token)
 
 
-def roofline(rows: list[dict], bw: float, ctx: int, steps: int) -> None:
-    for graphs in (True, False):
+def roofline(rows: list[dict], bw: float, ctx: int, steps: int, graph_modes: tuple[bool, ...] = (True, False)) -> None:
+    for graphs in graph_modes:
         eng, model = stack_engine("llama-3.1-8b", "dense", kv_tokens=ctx + 2 * steps + 256, max_num_seqs=1,
                                   max_model_len=ctx + 2 * steps + 128, cuda_graphs=graphs)
         fake_prefill(eng, 1, ctx, max_tokens=steps + 8)
@@ -35,7 +35,9 @@ def roofline(rows: list[dict], bw: float, ctx: int, steps: int) -> None:
 
 
 def ours_decode(eng, batch: int, prompt: int, new: int, vocab: int) -> float:
-    """Decode tokens/s of our engine: `batch` prompts of `prompt` tokens, `new` tokens each."""
+    """Decode tokens/s of our engine: `batch` prompts of `prompt` tokens, `new` tokens each; the decode
+    tokens are those the steps after the prefill step return (one-step-late decode returns a step's
+    tokens at the next call, so counting calls would not count tokens)."""
     from engine.sampling import SamplingParams
 
     for i in range(batch):
@@ -43,19 +45,21 @@ def ours_decode(eng, batch: int, prompt: int, new: int, vocab: int) -> float:
                         SamplingParams(max_tokens=new, ignore_eos=True))
     eng.step()  # the whole batch prefills in one step and samples its first tokens
     torch.cuda.synchronize()
-    t0, steps = time.perf_counter(), 0
+    t0, tokens = time.perf_counter(), 0
     while eng.has_unfinished():
-        eng.step()
-        steps += 1
-    return batch * steps / (time.perf_counter() - t0)
+        tokens += sum(len(o.new_token_ids) for o in eng.step())
+    assert tokens == batch * (new - 1), (tokens, batch, new)
+    return tokens / (time.perf_counter() - t0)
 
 
-def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int, compiled: bool = False) -> tuple[float, float | None]:
+def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int, compiled: bool = False,
+              repeats: int = 1) -> tuple[list[float], float | None]:
     """HF `generate` decode tokens/s = batch x (new - 1) / (time of `new` tokens - time of 1 token), after
     warm-up. `compiled`: HF's fastest mode, a static cache (`cache_implementation="static"`), with
     which `generate` compiles its decode step (`torch.compile`, HF's default CompileConfig: inductor,
     mode "reduce-overhead" = CUDA graphs); dynamo is reset first so this batch size compiles with
-    static shapes. Returns (tokens/s, compile seconds: first warm-up minus a warm run; None eager)."""
+    static shapes. Returns (tokens/s of each of `repeats` timings, compile seconds: first warm-up minus a warm
+    run; None eager)."""
     ids = torch.tensor([random_prompt(prompt, vocab, i) for i in range(batch)], device=hf.device)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     if compiled:
@@ -82,8 +86,11 @@ def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int, compiled: bool 
               f"{first:.1f} s, warm {warm:.2f} s", flush=True)
     else:
         run(4)  # warm-up
-    t1, tn = run(1), run(new)
-    return batch * (new - 1) / (tn - t1), compile_s
+    rates = []
+    for _ in range(repeats):
+        t1, tn = run(1), run(new)
+        rates.append(batch * (new - 1) / (tn - t1))
+    return rates, compile_s
 
 
 def hf_from_config(cfg, weights=None):
@@ -104,15 +111,17 @@ def hf_from_config(cfg, weights=None):
 
 
 def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int,
-              hf_modes: tuple[str, ...] = ("eager", "compiled")) -> None:
+              hf_modes: tuple[str, ...] = ("eager", "compiled"), cases: tuple[str, ...] = ("default", "llama-3.1-8b"),
+              repeats: int = 1) -> None:
+    """Ours and HF per case and batch; with `repeats` > 1 each rate is timed that many times (ours: whole
+    generate runs; HF: the 1-token / `new`-token pair, after its warm-up and compile) and the median
+    is the row's value, the runs listed beside it."""
     from engine import LLM
 
-    cases = []
-    if gguf:
-        cases.append("default")
-    cases.append("llama-3.1-8b")
     for case in cases:
         if case == "default":
+            if not gguf:
+                continue
             from engine.loader import load
 
             llm = LLM(gguf, device="cuda", dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=8192,
@@ -126,16 +135,18 @@ def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int,
             hf = hf_from_config(cfg)
         for batch in (1, 8):
             ours_decode(eng, batch, prompt, 8, cfg.vocab_size)  # warm-up: graph capture for this size
-            a = ours_decode(eng, batch, prompt, new, cfg.vocab_size)
-            row = {"bench": "vs_hf", "model": case, "batch": batch, "prompt": prompt, "new": new, "ours_tok_s": a}
+            ours = [ours_decode(eng, batch, prompt, new, cfg.vocab_size) for _ in range(repeats)]
+            a = statistics.median(ours)
+            row = {"bench": "vs_hf", "model": case, "batch": batch, "prompt": prompt, "new": new, "ours_tok_s": a,
+                   "ours_runs": ours}
             if "eager" in hf_modes:
-                b, _ = hf_decode(hf, batch, prompt, new, cfg.vocab_size)
-                row.update(hf_tok_s=b, speedup=a / b)
+                b, _ = hf_decode(hf, batch, prompt, new, cfg.vocab_size, repeats=repeats)
+                row.update(hf_tok_s=statistics.median(b), hf_runs=b, speedup=a / statistics.median(b))
             if "compiled" in hf_modes:
                 try:
-                    c, compile_s = hf_decode(hf, batch, prompt, new, cfg.vocab_size, compiled=True)
-                    row.update(hf_compiled_tok_s=c, hf_compile_s=compile_s, speedup_compiled=a / c,
-                               hf_compiled_call=hasattr(hf, "_compiled_call"))
+                    c, compile_s = hf_decode(hf, batch, prompt, new, cfg.vocab_size, compiled=True, repeats=repeats)
+                    row.update(hf_compiled_tok_s=statistics.median(c), hf_compiled_runs=c, hf_compile_s=compile_s,
+                               speedup_compiled=a / statistics.median(c), hf_compiled_call=hasattr(hf, "_compiled_call"))
                 except Exception as e:  # keep the eager row
                     import traceback
 
@@ -159,14 +170,19 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of sections to skip: roofline, hf")
     ap.add_argument("--hf-modes", default="eager,compiled", help="HF generate modes: eager (dynamic cache), "
                     "compiled (static cache + torch.compile)")
+    ap.add_argument("--cases", default="default,llama-3.1-8b", help="models against HF: default, llama-3.1-8b")
+    ap.add_argument("--repeats", type=int, default=1, help="timings per rate against HF (median reported)")
+    ap.add_argument("--roofline-graphs", default="on,off", help="roofline rows: CUDA graphs on and/or off")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = ap.parse_args()
     rows: list[dict] = [{"bench": "env", **env_info()}]
     bw = copy_bandwidth()
     rows.append({"bench": "copy_bandwidth", "bytes_per_s": bw})
     print(rows, flush=True)
-    sections = {"roofline": lambda: roofline(rows, bw, args.ctx, args.steps),
-                "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new, tuple(args.hf_modes.split(",")))}
+    graph_modes = tuple(m == "on" for m in args.roofline_graphs.split(","))
+    sections = {"roofline": lambda: roofline(rows, bw, args.ctx, args.steps, graph_modes),
+                "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new, tuple(args.hf_modes.split(",")),
+                                        tuple(args.cases.split(",")), args.repeats)}
     run_sections(sections, args.skip, rows, f"{args.out}/decode{args.tag}.json")
 
 

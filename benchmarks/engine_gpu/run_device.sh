@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the benchmarks; logs and JSON under $OUT, tables printed at the end.
 # Expects the default model's GGUF joined at /root/models/smollm2.gguf and the gguf wheel in .whl/.
-#   bash benchmarks/engine_gpu/run_device.sh [tests,decode,msa,msagraphs]
+#   bash benchmarks/engine_gpu/run_device.sh [tests,step,decode,msa,msagraphs]
+# step: bench_step.py (where a decode step's time goes); with .prof_old/engine (an older engine, e.g.
+#   `git archive HEAD engine | tar -x -C .prof_old`, carried) also the same for that engine, label before.
 # Knobs (environment): TESTS (pytest targets), T_* (per-section timeouts, s), DECODE_ARGS, MSA_ARGS, GRAPHS_ARGS.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD MSA_EVAL_HOME=/root/msa-home
@@ -13,6 +15,14 @@ WHAT=${1:-tests,decode,msa}
 TESTS=${TESTS:-tests/engine/test_gpu_engine.py tests/engine/test_gpu_ops.py}
 if [[ $WHAT == *tests* ]]; then
   timeout ${T_TESTS:-150} python3 -m pytest -q $TESTS -p no:cacheprovider --durations=5 2>&1 | tee $OUT/tests.log | tail -25
+fi
+if [[ $WHAT == *step* ]]; then
+  if [[ -d .prof_old/engine ]]; then
+    PYTHONPATH=$PWD/.prof_old:$PYTHONPATH timeout ${T_STEP:-120} python3 benchmarks/engine_gpu/bench_step.py --out $OUT \
+      --gguf /root/models/smollm2.gguf --label before --modes sync 2>&1 | tee $OUT/step_before.log | grep -v Warning
+  fi
+  timeout ${T_STEP:-120} python3 benchmarks/engine_gpu/bench_step.py --out $OUT --gguf /root/models/smollm2.gguf \
+    ${STEP_ARGS:-} 2>&1 | tee $OUT/step_after.log | grep -v Warning
 fi
 if [[ $WHAT == *msagraphs* ]]; then
   timeout ${T_GRAPHS:-90} python3 benchmarks/engine_gpu/bench_msa_graphs.py --out $OUT ${GRAPHS_ARGS:-} \

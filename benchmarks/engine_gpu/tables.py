@@ -1,4 +1,4 @@
-"""Markdown tables from the JSON rows of bench_decode.py / bench_msa.py.
+"""Markdown tables from the JSON rows of bench_decode.py / bench_msa.py / bench_step.py.
 
     python benchmarks/engine_gpu/tables.py decode.json msa.json
 """
@@ -85,11 +85,25 @@ def msa_tables(rows: list[dict]) -> list[str]:
     return out
 
 
+def step_tables(rows: list[dict]) -> list[str]:
+    """bench_step.py: decode step wall time, GPU replay time, device ops and the host functions' share."""
+    st = [r for r in rows if r["bench"] == "step"]
+    if not st:
+        return []
+    out = ["| engine | mode | batch | step ms | decode tok/s | GPU replay ms | device ops/step | host ms/step by function |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in st:
+        host = ", ".join(f"{k.split('.')[-1]} {v:.3f}" for k, v in r["host_ms"].items() if v >= 0.005)
+        out.append(f"| {r['label']} | {r['mode']} | {r['batch']} | {r['step_ms']:.3f} | {r['tok_s']:.0f} | "
+                   f"{r['gpu_replay_ms']:.3f} | {r['device_ops']} | {host} |")
+    return out + [""]
+
+
 def main() -> None:
     lines = []
     for path in sys.argv[1:]:
         rows = json.load(open(path))
-        lines += decode_tables(rows) + msa_tables(rows) + msa_graph_tables(rows)
+        lines += decode_tables(rows) + msa_tables(rows) + msa_graph_tables(rows) + step_tables(rows)
         lines += [f"error: {r}" for r in rows if r["bench"] == "error"]
     print("\n".join(lines))
 

@@ -25,6 +25,10 @@ class MSADecodePlans:
     msa: object  # kernels.decode.MSADecodePlan
     dense: object | None  # kernels.decode.DenseDecodePlan, when some layers stay dense
 
+    def plans(self) -> list:
+        """The kernel plans (the graph runner rebinds their length / page-table buffers)."""
+        return [self.msa] + ([self.dense] if self.dense is not None else [])
+
 
 def keys_read_closed_form(q_lens: list[int], kv_lens: list[int], block: int, topk: int) -> tuple[list[int], list[int]]:
     """Per request, summed over its query positions p in [kv - q, kv): keys one MSA layer reads,
@@ -47,7 +51,9 @@ class GraphMSAAttention(MSAAttention):
         super().__init__(*args, **kwargs)
         self._plans: dict = {}
 
-    def _fill_stats(self, meta: AttentionMeta) -> None:
+    def decode_stats(self, meta: AttentionMeta) -> None:
+        """Per-request `keys_read` / `keys_dense` of a decode step from `meta.q_lens` / `meta.kv_lens`
+        (also called alone by the graph runner on steps that need no `plan_decode`)."""
         n_msa = len(self.msa_layers)
         n_dense = self.num_layers - n_msa
         r, d = keys_read_closed_form(meta.q_lens, meta.kv_lens, self.msa.block_size, self.msa.topk)
@@ -68,7 +74,7 @@ class GraphMSAAttention(MSAAttention):
         if plans.dense is not None:
             plans.dense.plan(meta.seq_lens_host, meta.page_table_host, 1)
         meta.decode_plan = plans
-        self._fill_stats(meta)
+        self.decode_stats(meta)
 
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

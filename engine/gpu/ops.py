@@ -1,4 +1,5 @@
-"""Fused small ops of the decoder hot path: residual-add + RMSNorm, RoPE + KV-cache write, SwiGLU.
+"""Fused small ops of the decoder hot path: residual-add + RMSNorm, RoPE + KV-cache write, SwiGLU, and
+the decode graphs' input-id select (previous step's device tokens or host tokens).
 
 Each op has a torch reference (the CPU path, bit-identical to the unfused model code) and a
 Triton kernel (one launch instead of 3-8 elementwise kernels). `impl="auto"`: Triton on CUDA
@@ -161,4 +162,34 @@ def silu_mul(gate_up: torch.Tensor, impl: str = "auto") -> torch.Tensor:
     if t:
         block = min(1024, triton.next_power_of_2(n))
         _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, BLOCK=block, num_warps=4)
+    return out
+
+
+# -- decode input ids: the previous step's sampled tokens or host tokens ------------------------
+def select_ids_ref(src_rows: torch.Tensor, host_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.where(src_rows >= 0, tokens[src_rows.clamp(min=0)], host_ids)
+
+
+@triton.jit
+def _select_ids_kernel(src_ptr, host_ptr, tok_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    mask = i < n
+    src = tl.load(src_ptr + i, mask=mask, other=-1)
+    host = tl.load(host_ptr + i, mask=mask, other=0)
+    prev = tl.load(tok_ptr + tl.maximum(src, 0), mask=mask & (src >= 0), other=0)
+    tl.store(out_ptr + i, tl.where(src >= 0, prev, host), mask=mask)
+
+
+def select_ids(src_rows: torch.Tensor, host_ids: torch.Tensor, tokens: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """Input ids `[n]` int64 of a decode step: `tokens[src_rows[i]]` (the token the previous step sampled
+    for that request, still on the device) where `src_rows[i] >= 0`, else `host_ids[i]`. One launch."""
+    if resolve_impl(impl, src_rows.device) == "torch":
+        return select_ids_ref(src_rows, host_ids, tokens)
+    n = src_rows.shape[0]
+    if src_rows.shape != host_ids.shape or src_rows.dtype != torch.long or host_ids.dtype != torch.long \
+            or tokens.dtype != torch.long or not (src_rows.is_contiguous() and host_ids.is_contiguous()):
+        raise ValueError("select_ids: src_rows and host_ids must be contiguous int64 [n], tokens int64")
+    out = torch.empty(n, dtype=torch.long, device=src_rows.device)
+    if n:
+        _select_ids_kernel[(1,)](src_rows, host_ids, tokens, out, n, BLOCK=triton.next_power_of_2(n), num_warps=1)
     return out

@@ -52,6 +52,19 @@ def test_rope_cache_triton_equals_reference(hq, hkv, d):
     assert not res[0][0].isnan().any()
 
 
+@needs_interp
+def test_select_ids_triton_equals_reference():
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, 50000, (12,), generator=g)
+    src = torch.tensor([3, -1, 0, 11, -1, 3, -1])
+    host = torch.randint(0, 50000, (7,), generator=g)
+    ref = ops.select_ids(src, host, tokens, impl="torch")
+    assert ref.tolist() == [int(tokens[s]) if s >= 0 else int(h) for s, h in zip(src, host)]
+    assert torch.equal(ops.select_ids(src, host, tokens, impl="triton"), ref)
+    with pytest.raises(ValueError, match="int64"):
+        ops.select_ids(src.int(), host, tokens, impl="triton")
+
+
 def test_auto_is_reference_on_cpu_and_triton_needs_interpreter(monkeypatch):
     x = torch.randn(2, 8)
     assert ops.resolve_impl("auto", x.device) == "torch"

@@ -1,0 +1,165 @@
+"""Where one decode step's wall time goes: default model (SmolLM2-135M), bf16, CUDA graphs, batch 1 and 8.
+
+    python3 benchmarks/engine_gpu/bench_step.py --out $OUT --gguf /root/models/smollm2.gguf --label after
+    PYTHONPATH=.prof_old:$PYTHONPATH python3 benchmarks/engine_gpu/bench_step.py ... --label before --modes sync
+
+(`.prof_old/engine` = `git archive <commit> engine`: the engine before a change, same kernels.)
+Per batch size and mode (`sync`: the step waits for its tokens; `async`: one step late,
+`engine.gpu.async_decode`), 512-token random prompts, 64 new tokens:
+* wall ms per decode step (median of the `step()` calls after the prefill step) and decode tokens/s,
+  first without any instrumentation;
+* GPU ms of one graph replay (CUDA events around 50 back-to-back replays of the captured graph);
+* device ops per step (kernels, copies: torch.profiler over one eager run of the graph's forward);
+* host ms per step in named functions (a second run with perf_counter wrappers; inclusive times:
+  a wrapped function's time contains the wrapped functions it calls; waits for the GPU included
+  where named).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from benchmarks.engine_gpu.common import env_info, random_prompt, save
+
+# (module, attribute path) of the functions timed; the ones an engine version lacks are skipped
+TIMED = [("engine.scheduler", "Scheduler.schedule"), ("engine.llm_engine", "follow_up_rows"),
+         ("engine.llm_engine", "LLMEngine._graph_rows"), ("engine.llm_engine", "LLMEngine._forward_logits"),
+         ("engine.llm_engine", "LLMEngine._launch"), ("engine.gpu.graph_runner", "DecodeGraphRunner._stage"),
+         ("engine.gpu.step_buffers", "StepBuffers.write"), ("engine.gpu.step_buffers", "StepBuffers.stage"),
+         ("engine.gpu.graph_runner", "DecodeGraphRunner._plan_step"),
+         ("engine.attention.dense", "DenseAttention.plan_decode"), ("torch.cuda", "CUDAGraph.replay"),
+         ("engine.llm_engine", "sample_batch"), ("engine.llm_engine", "LLMEngine._complete"),
+         ("engine.gpu.graph_runner", "PendingTokens.result"), ("engine.llm_engine", "LLMEngine._append_token"),
+         ("engine.llm_engine", "LLMEngine._check_stop")]
+
+
+class Timers:
+    """perf_counter wrappers around TIMED (installed by `install`, removed by `remove`)."""
+
+    def __init__(self):
+        self.total: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._undo: list = []
+
+    def install(self) -> None:
+        for mod_name, path in TIMED:
+            try:
+                owner = importlib.import_module(mod_name)
+                *parents, attr = path.split(".")
+                for p in parents:
+                    owner = getattr(owner, p)
+                fn = getattr(owner, attr)
+            except (ImportError, AttributeError):
+                continue
+            self._undo.append((owner, attr, fn))
+            setattr(owner, attr, self._wrap(path, fn))
+
+    def _wrap(self, name: str, fn):
+        total, calls = self.total, self.calls
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                total[name] += time.perf_counter() - t
+                calls[name] += 1
+        return timed
+
+    def remove(self) -> None:
+        for owner, attr, fn in reversed(self._undo):
+            setattr(owner, attr, fn)
+        self._undo.clear()
+
+
+def decode_run(eng, batch: int, prompt: int, new: int, vocab: int) -> tuple[list[float], int]:
+    """(wall seconds of each step() after the prefill step, decode tokens returned by those steps)."""
+    from engine.sampling import SamplingParams
+
+    for i in range(batch):
+        eng.add_request(f"s{batch}-{i}-{time.time_ns()}", random_prompt(prompt, vocab, i),
+                        SamplingParams(max_tokens=new, ignore_eos=True))
+    eng.step()
+    torch.cuda.synchronize()
+    times, tokens = [], 0
+    while eng.has_unfinished():
+        t = time.perf_counter()
+        tokens += sum(len(o.new_token_ids) for o in eng.step())
+        times.append(time.perf_counter() - t)
+    return times, tokens
+
+
+def gpu_replay_ms(eng, batch: int, reps: int = 50) -> float:
+    g = eng.graph_runner.graphs[eng.graph_runner.padded_size(batch)].graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g.replay()
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def device_ops_per_step(eng, batch: int) -> int:
+    """CUDA kernels and copies of one eager run of the captured forward (what the graph holds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    r = eng.graph_runner
+    bs = r.padded_size(batch)
+    meta = r.graphs[bs].meta
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        r._forward(bs, meta)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--label", default="after")
+    ap.add_argument("--modes", default="sync,async")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=64)
+    args = ap.parse_args()
+    from engine import LLM
+
+    rows: list[dict] = [{"bench": "env", "label": args.label, **env_info()}]
+    llm = LLM(args.gguf, device="cuda", dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=8192,
+              kv_cache_tokens=65536, progress=False)
+    eng, vocab = llm.engine, llm.config.vocab_size
+    for batch in map(int, args.batches.split(",")):
+        for mode in args.modes.split(","):
+            eng.async_decode = mode == "async"
+            decode_run(eng, batch, args.prompt, 8, vocab)  # warm-up: graph capture
+            times, tokens = decode_run(eng, batch, args.prompt, args.new, vocab)
+            timers = Timers()
+            timers.install()
+            try:
+                t_times, _ = decode_run(eng, batch, args.prompt, args.new, vocab)
+            finally:
+                timers.remove()
+            steps = len(t_times)
+            row = {"bench": "step", "label": args.label, "mode": mode, "batch": batch,
+                   "step_ms": statistics.median(times) * 1e3, "tok_s": tokens / sum(times),
+                   "step_ms_instrumented": statistics.median(t_times) * 1e3,
+                   "gpu_replay_ms": gpu_replay_ms(eng, batch), "device_ops": device_ops_per_step(eng, batch),
+                   "host_ms": {k: v * 1e3 / steps for k, v in sorted(timers.total.items())},
+                   "calls_per_step": {k: v / steps for k, v in sorted(timers.calls.items())}}
+            rows.append(row)
+            print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in
+                   ("host_ms", "calls_per_step")}, flush=True)
+            for k, v in row["host_ms"].items():
+                print(f"    {k:40s} {v:8.4f} ms/step  ({row['calls_per_step'][k]:.2f} calls)", flush=True)
+            save(f"{args.out}/step_{args.label}.json", rows)
+
+
+if __name__ == "__main__":
+    main()
