@@ -97,10 +97,13 @@ class MSAAttention:
             from kernels.indexer import msa_indexer
             from kernels.sparse_prefill import msa_prefill_attention
 
+            # no host sync per layer: the lengths come from the engine's own metadata (shapes are still
+            # checked), the ids from the indexer, and design="auto" picks tile vs per-token on the device
             ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
-                              impl=self.impl)
+                              impl=self.impl, check_lengths=False)
             out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
-                                           ids, scale=self.scale, impl=self.impl, check_ids=False)
+                                           ids, scale=self.scale, impl=self.impl, design="auto", check_ids=False,
+                                           check_lengths=False)
         if self.track_recall:
             s, n = selected_mass(q, k_cache, meta, ids, self.scale)
             acc = self.recall.setdefault(layer, [0.0, 0])

@@ -55,14 +55,18 @@ def check_choice(op: str, name: str, value: int, allowed: Iterable[int]) -> None
 
 
 def check_lengths(op: str, cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor, total_q: int,
-                  page_table: torch.Tensor, block_size: int) -> None:
+                  page_table: torch.Tensor, block_size: int, values: bool = True) -> None:
     """cu_seqlens_q ``[R+1]`` from 0 to T, non-decreasing; ``q_len <= kv_len <= max_pages * B``.
 
-    Reads the small length tensors on the host (one sync): cheap next to any prefill.
+    Reads the small length tensors on the host (one sync): cheap next to any prefill, but a stall
+    per layer in an engine step; ``values=False`` checks the shapes only (no sync), for callers that
+    built the lengths themselves (the engine).
     """
     r = seq_lens_kv.shape[0]
     check_size(op, "cu_seqlens_q", cu_seqlens_q.shape[0], r + 1, "len(seq_lens_kv) + 1 entries")
     check_size(op, "page_table", page_table.shape[0], r, "one row per request (rows)")
+    if not values:
+        return
     cq = cu_seqlens_q.tolist()
     lens = seq_lens_kv.tolist()
     if cq[0] != 0 or cq[-1] != total_q:

@@ -18,7 +18,7 @@ HEAD_DIM_CHOICES = (16, 32, 64, 128, 256)
 _TILE_ROWS = 128  # MMA rows per program: tokens x index heads
 
 
-def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, impl):
+def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, impl, lengths=True):
     check_tensor(OP, "q_idx", q_idx, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     impl = resolve_impl(impl, q_idx.device, OP)
     if impl == "triton" and q_idx.dtype == torch.float32:
@@ -36,13 +36,14 @@ def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, i
     check_choice(OP, "topk", topk, TOPK_CHOICES)
     if not 1 <= h <= 16:
         raise ValueError(f"{OP}: q_idx must have 1..16 index heads (one per KV group), got {h}")
-    check_lengths(OP, cu_seqlens_q, seq_lens_kv, t, page_table, k_idx_cache.shape[1])
+    check_lengths(OP, cu_seqlens_q, seq_lens_kv, t, page_table, k_idx_cache.shape[1], values=lengths or impl == "torch")
     return impl
 
 
 def msa_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor, topk: int, *,
-                return_lse: bool = False, impl: Literal["auto", "triton", "torch"] = "auto"):
+                return_lse: bool = False, impl: Literal["auto", "triton", "torch"] = "auto",
+                check_lengths: bool = True):
     """Select the top-k blocks per (query token, index head).
 
     q_idx ``[T, H, d_idx]`` (H = KV heads, one index head per group), k_idx_cache ``[pages, B, d_idx]``,
@@ -50,9 +51,10 @@ def msa_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torc
     (total KV length including this chunk). Returns int32 ``[T, H, topk]`` logical block ids
     (score-descending history, ties to the smaller id, own block in the last valid slot, -1 padding),
     and with ``return_lse`` also the fp32 ``[T, H]`` natural-log LSE of the scores over the selected
-    tokens. Scores are ``q.k / sqrt(d_idx)`` in fp32.
+    tokens. Scores are ``q.k / sqrt(d_idx)`` in fp32. ``check_lengths=False`` skips the host-side
+    check of the length values (its one host sync; shapes are still checked), for the engine.
     """
-    impl = _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, impl)
+    impl = _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, impl, check_lengths)
     if impl == "torch":
         return naive.indexer_paged_reference(q_idx, k_idx_cache, page_table, cu_seqlens_q,
                                              seq_lens_kv, topk, return_lse=return_lse)

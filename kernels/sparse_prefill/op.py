@@ -26,7 +26,8 @@ HEAD_DIM_CHOICES = (64, 128)
 TILE_Q_CHOICES = (1, 2, 4, 8, 16, 32)  # powers of two: the union kernel's id tile is tile_q * k
 
 
-def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids):
+def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids,
+              lengths=True):
     check_tensor(OP, "q", q, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     impl = resolve_impl(impl, q.device, OP)
     if impl == "triton" and q.dtype == torch.float32:
@@ -50,7 +51,7 @@ def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_i
     check_size(OP, "topk_ids", topk_ids.shape[0], t, "dim 0 (tokens)")
     check_size(OP, "topk_ids", topk_ids.shape[1], hkv, "dim 1 (KV heads)")
     check_choice(OP, "topk (topk_ids dim 2)", topk_ids.shape[2], TOPK_CHOICES)
-    check_lengths(OP, cu_seqlens_q, seq_lens_kv, t, page_table, block)
+    check_lengths(OP, cu_seqlens_q, seq_lens_kv, t, page_table, block, values=lengths or impl == "torch")
     if check_ids:
         check_topk_ids(OP, topk_ids, cu_seqlens_q, seq_lens_kv, block)
     return impl
@@ -63,7 +64,8 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           design: Literal["auto", "tile", "token"] = "auto", tile_q: int | None = None,
                           check_ids: bool = True, out: torch.Tensor | None = None,
                           lse: torch.Tensor | None = None, rare_max: int | None = None,
-                          tile_config: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          tile_config: TileConfig | None = None, check_lengths: bool = True
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of packed queries over their selected blocks in the paged KV cache.
 
     q ``[T, Hq, d]``, k_cache / v_cache ``[pages, Hkv, B, d]``, page_table int32 ``[R, max_pages]``,
@@ -81,10 +83,14 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     0: off). ``tile_config`` (``TileConfig``) sets every tile-design option at once; its
     ``tile_q`` / ``rare_max`` win over the two arguments of those names.
     ``check_ids`` validates the ids on the device (one host sync; timing runs turn it off).
+    ``check_lengths=False`` skips the host-side check of the length values (one more sync; the
+    shapes are still checked): for callers that built the lengths themselves, such as the engine.
+    With both off the Triton path has no host sync.
     ``out`` / ``lse``: optional preallocated outputs of those shapes (q's dtype / fp32, contiguous);
     the kernels write every element (the tests pass NaN-poisoned buffers to prove it).
     """
-    impl = _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids)
+    impl = _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids,
+                     check_lengths)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     t, hq, d = q.shape
     if impl == "torch":

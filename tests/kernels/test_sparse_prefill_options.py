@@ -119,3 +119,24 @@ def test_tile_options_gpu_m3(paged_case, cfg):
     msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                           case["seq_lens_kv"], ids, design="tile" if cfg else "auto", tile_config=cfg, out=out, lse=lse)
     _check(case, ids, out, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_engine_path_has_no_host_sync(paged_case):
+    # what engine/attention/msa.py calls per MSA layer: indexer and attention with the host checks
+    # off and design="auto"; any synchronising CUDA call raises in sync-debug "error" mode
+    case = paged_case([900, 300], [3000, 300], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=4)
+    from kernels.indexer import msa_indexer
+    args = (case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
+    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], *args,
+                          msa_indexer(case["q_idx"], case["k_idx_cache"], *args, 16))  # compile outside
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids = msa_indexer(case["q_idx"], case["k_idx_cache"], *args, 16, check_lengths=False)
+        out, lse = msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], *args, ids, design="auto",
+                                         check_ids=False, check_lengths=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _check(case, ids, out, lse)
