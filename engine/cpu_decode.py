@@ -34,18 +34,19 @@ def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ca
     """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (rotated) and V written at `rows`.
 
     Same math as `engine.gpu.ops.rope_cache_ref` (rotate-half RoPE), with q and k rotated in one
-    pass and each cache written by one `index_copy_`."""
+    pass and each cache written by one `index_copy_`. A bfloat16 qkv (the CPU fast linears) is
+    rotated in float32 (its product with the float32 cos/sin promotes); q comes back in the cache dtype."""
     d = k_cache.shape[-1]
     t, nqk = qkv.shape[0], num_heads + num_kv_heads
     qk = qkv[:, : nqk * d].view(t, nqk, d)
     half = d // 2
-    c, s = cos[:, None, :].to(qkv.dtype), sin[:, None, :].to(qkv.dtype)
+    c, s = cos[:, None, :], sin[:, None, :]
     rot = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
     qk = qk * c + rot * s
-    v = qkv[:, nqk * d:].reshape(t * num_kv_heads, d)
-    k_cache.view(-1, d).index_copy_(0, rows, qk[:, num_heads:].reshape(t * num_kv_heads, d).to(k_cache.dtype))
-    v_cache.view(-1, d).index_copy_(0, rows, v.to(v_cache.dtype))
-    return qk[:, :num_heads]
+    # the cast (when the dtypes differ) or the reshape copies the strided slice: one op each
+    k_cache.view(-1, d).index_copy_(0, rows, qk[:, num_heads:].to(k_cache.dtype).reshape(t * num_kv_heads, d))
+    v_cache.view(-1, d).index_copy_(0, rows, qkv[:, nqk * d:].to(v_cache.dtype).reshape(t * num_kv_heads, d))
+    return qk[:, :num_heads].to(k_cache.dtype)
 
 
 @dataclass
@@ -80,14 +81,17 @@ class CpuDecodePlan:
         return CpuDecodePlan(rows, bias, len(meta.kv_lens), num_kv_heads, s, scale)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """q `[R, Hq, d]`, caches `[num_pages, Hkv, B, d]` -> `[R, Hq, d]` (softmax over each request's keys).
+        """q `[R, Hq, d]`, caches `[num_pages, Hkv, B, d]` -> `[R, Hq, d]` in the cache dtype (softmax over
+        each request's keys).
 
-        Plain matmul/softmax/matmul: for one query per head this beats the CPU flash-SDPA kernel."""
+        Plain matmul/softmax/matmul: for one query per head this beats the CPU flash-SDPA kernel.
+        A bfloat16 cache (CPU reduced-precision modes) runs both matmuls in bf16 (fp32 accumulation,
+        scores rounded to bf16) with the scale, mask and softmax in float32."""
         r, hkv, d = self.num_requests, self.num_kv_heads, k_cache.shape[-1]
         g = q.shape[1] // hkv
-        k = k_cache.view(-1, d).index_select(0, self.key_rows).view(r, hkv, self.keys, d)
-        v = v_cache.view(-1, d).index_select(0, self.key_rows).view(r, hkv, self.keys, d)
-        scores = torch.matmul(q.view(r, hkv, g, d), k.transpose(-1, -2)).mul_(self.scale)  # [R, Hkv, G, S]
+        k = k_cache.view(-1, d).index_select(0, self.key_rows).view(r * hkv, self.keys, d)
+        v = v_cache.view(-1, d).index_select(0, self.key_rows).view(r * hkv, self.keys, d)
+        scores = torch.bmm(q.to(k.dtype).reshape(r * hkv, g, d), k.transpose(1, 2)).float().mul_(self.scale)
         if self.key_bias is not None:
-            scores.add_(self.key_bias)
-        return torch.matmul(torch.softmax(scores, dim=-1), v).view(r, hkv * g, d)
+            scores.view(r, hkv, g, self.keys).add_(self.key_bias)
+        return torch.bmm(torch.softmax(scores, dim=-1).to(v.dtype), v).view(r, hkv * g, d)

@@ -11,8 +11,10 @@ bfloat16 activations (float32 or float16 ones take a 20-100x slower path on this
 input is rounded to bf16 and the scales/zeros are stored in bf16 (the fp16 GGUF scales lose 3
 mantissa bits): one matmul differs from the float32 dequantized weight by ~3e-3 relative,
 mostly from rounding x. `Bf16Linear` keeps a bf16 copy of the weight (oneDNN bf16 GEMM with
-avx512_bf16). Both take and return float32 `[T, K] -> [T, N]`: the residual stream, norms,
-attention and KV cache stay float32.
+avx512_bf16). Both take `[T, K]` (any float dtype; rounded to bf16) and return the kernel's bfloat16
+`[T, N]` (float32 with a bias): the consumer's first op promotes it (residual add, RoPE with
+float32 cos/sin) or feeds it to the next bf16 matmul (SwiGLU -> down), so no separate cast runs.
+The residual stream, norms and the attention softmax stay float32.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ GROUP = 32  # GGUF Q4_0 / Q4_1 block length along K
 
 
 class Int4Linear:
-    """x `[T, K]` float32 -> `[T, N]` float32 with 4-bit weights (group 32) and optional float32 bias."""
+    """x `[T, K]` -> `[T, N]` bfloat16 (float32 with the optional float32 bias) with 4-bit weights (group 32)."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
                  bias: torch.Tensor | None = None):
@@ -41,7 +43,6 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP, self.scale_zero)
-        y = y.float()
         return y if self.bias is None else y + self.bias
 
     def nbytes(self) -> int:
@@ -49,7 +50,7 @@ class Int4Linear:
 
 
 class Bf16Linear:
-    """x `[T, K]` float32 -> `[T, N]` float32 through a bfloat16 copy of the weight."""
+    """x `[T, K]` -> `[T, N]` bfloat16 (float32 with the optional bias) through a bfloat16 copy of the weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight.detach().to(torch.bfloat16).contiguous()
@@ -57,7 +58,7 @@ class Bf16Linear:
         self.out_features, self.in_features = weight.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).float()
+        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight)
         return y if self.bias is None else y + self.bias
 
     def nbytes(self) -> int:

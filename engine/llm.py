@@ -77,7 +77,9 @@ class LLM:
                 raise EngineError(f"free GPU memory holds a KV cache of {tokens} tokens, less than the context "
                                   f"{self.max_model_len}: lower max_model_len or free GPU memory")
         tokens = tokens or max(2 * self.max_model_len, 32768)
-        cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.dtype)
+        # CPU reduced-precision weight modes keep dense K/V in bf16: half the bytes every decode step reads
+        self.kv_dtype = torch.bfloat16 if self.weights != "fp32" and attention == "dense" else self.dtype
+        cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype)
         self.cache = KVCache(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,

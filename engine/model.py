@@ -66,7 +66,7 @@ class DecoderLayer(nn.Module):
     def qkv_proj(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x `[T, hidden]` (already normed) -> q `[T, Hq, d]`, k, v `[T, Hkv, d]` with RoPE."""
         cfg, d = self.cfg, self.cfg.head_dim
-        qkv = self.linear("qkv", x)
+        qkv = self.linear("qkv", x).float()  # a CPU fast linear returns bf16: q/k norms and RoPE in float32
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, d)
         k = k.view(-1, cfg.num_kv_heads, d)
@@ -160,6 +160,6 @@ class CausalLM(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.fast_lm_head is not None and not h.is_cuda:
-            return self.fast_lm_head(h)
+            return self.fast_lm_head(h).float()
         w = self.embed if self.lm_head is None else self.lm_head
         return F.linear(h, w).float()

@@ -98,7 +98,7 @@ class DenseAttention:
                 out[start:start + ql] = prefill_sdpa_gpu(qr, k, v, self.scale).transpose(0, 1)
             else:
                 mask = causal_mask(ql, kl, q.device)
-                o = F.scaled_dot_product_attention(qr[None], k[None], v[None], attn_mask=mask,
+                o = F.scaled_dot_product_attention(qr[None].to(k.dtype), k[None], v[None], attn_mask=mask,
                                                    scale=self.scale, enable_gqa=True)
                 out[start:start + ql] = o[0].transpose(0, 1)
             start += ql
