@@ -22,12 +22,16 @@ def register(group: click.Group) -> None:
 @click.option("--seed", default=None, type=int)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
+@click.option("--weights", type=click.Choice(["fp32", "bf16", "q4"]), default=None,
+              help="CPU weight mode: fp32 (exact), bf16, or q4 (a GGUF's 4-bit codes; fastest). "
+                   "Default: $MSA_EVAL_WEIGHTS, else fp32.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
-def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top_k, seed, stop, device, as_json):
+def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top_k, seed, stop, device, weights,
+             as_json):
     """Generate a completion for PROMPT."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(model, attention=attention, device=device)
+    llm = LLM(model, attention=attention, device=device, weights=weights)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             seed=seed, stop=list(stop))
     text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
@@ -47,7 +51,7 @@ def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top
                 shown = now
     out = llm._output(eng.pop_finished("cli-0"))
     if as_json:
-        display.print_json({"model": llm.model_id, "attention": attention, "text": out.text,
+        display.print_json({"model": llm.model_id, "attention": attention, "weights": llm.weights, "text": out.text,
                             "prompt_tokens": len(ids), "completion_tokens": len(out.token_ids),
                             "finish_reason": out.finish_reason, "metrics": out.metrics})
     else:
