@@ -52,6 +52,10 @@ class LLMEngine:
         self.use_cuda_graphs = bool(cuda_graphs and device.type == "cuda"
                                     and getattr(attention, "supports_cuda_graphs", False))
         self.graph_runner = None
+        if device.type == "cuda":  # <= 16-row forwards: RMSNorm fused into the matmuls (bf16 / fp16)
+            from engine.gpu.fused_decode import attach
+
+            attach(model)
         # one-step-late greedy decode (GPU graphs); tests set it on a CPU engine (EagerDecodeLauncher)
         self.async_decode = self.use_cuda_graphs
         self._inflight: InflightDecode | None = None

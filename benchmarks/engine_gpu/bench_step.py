@@ -5,11 +5,13 @@
 
 (`.prof_old/engine` = `git archive <commit> engine`: the engine before a change, same kernels.)
 Per batch size and mode (`sync`: the step waits for its tokens; `async`: one step late,
-`engine.gpu.async_decode`), 512-token random prompts, 64 new tokens:
+`engine.gpu.async_decode`; suffix `-unfused`: without `engine.gpu.fused_decode`'s norm + matmul
+kernels), 512-token random prompts, 64 new tokens:
 * wall ms per decode step (median of the `step()` calls after the prefill step) and decode tokens/s,
   first without any instrumentation;
 * GPU ms of one graph replay (CUDA events around 50 back-to-back replays of the captured graph);
-* device ops per step (kernels, copies: torch.profiler over one eager run of the graph's forward);
+* device ops per step (kernels, copies: torch.profiler over one eager run of the graph's forward), the
+  sum of their device times and the costliest kernels;
 * host ms per step in named functions (a second run with perf_counter wrappers; inclusive times:
   a wrapped function's time contains the wrapped functions it calls; waits for the GPU included
   where named).
@@ -106,8 +108,10 @@ def gpu_replay_ms(eng, batch: int, reps: int = 50) -> float:
     return start.elapsed_time(end) / reps
 
 
-def device_ops_per_step(eng, batch: int) -> int:
-    """CUDA kernels and copies of one eager run of the captured forward (what the graph holds)."""
+def device_ops_per_step(eng, batch: int, top: int = 8) -> tuple[int, float, list[dict]]:
+    """CUDA kernels and copies of one eager run of the captured forward (what the graph holds): their
+    count, the sum of their device times (ms; the graph replay's excess over it is launch gaps) and
+    the `top` kernel names by device time."""
     from torch.profiler import ProfilerActivity, profile
 
     r = eng.graph_runner
@@ -116,7 +120,27 @@ def device_ops_per_step(eng, batch: int) -> int:
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         r._forward(bs, meta)
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    cuda = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in cuda) / 1e3
+    by: dict[str, list[float]] = defaultdict(list)
+    for e in cuda:
+        by[e.name[:60]].append(e.device_time)
+    kinds = sorted(({"kernel": k, "count": len(v), "ms": sum(v) / 1e3} for k, v in by.items()),
+                   key=lambda d: -d["ms"])
+    return len(cuda), busy, kinds[:top]
+
+
+def set_fused(eng, on: bool) -> None:
+    """Attach / detach the fused small-batch layer forward (engines that have it) and drop the captured
+    graphs, so the next decode step captures them again with the new layer code."""
+    try:
+        from engine.gpu.fused_decode import attach
+    except ImportError:  # an engine from before it
+        return
+    was = any(getattr(layer, "fused_decode", None) is not None for layer in eng.model.layers)
+    attach(eng.model, on)
+    if was != on:
+        eng.graph_runner = None
 
 
 def main() -> None:
@@ -137,7 +161,8 @@ def main() -> None:
     eng, vocab = llm.engine, llm.config.vocab_size
     for batch in map(int, args.batches.split(",")):
         for mode in args.modes.split(","):
-            eng.async_decode = mode == "async"
+            eng.async_decode = mode.startswith("async")
+            set_fused(eng, not mode.endswith("-unfused"))
             decode_run(eng, batch, args.prompt, 8, vocab)  # warm-up: graph capture
             times, tokens = decode_run(eng, batch, args.prompt, args.new, vocab)
             timers = Timers()
@@ -150,12 +175,15 @@ def main() -> None:
             row = {"bench": "step", "label": args.label, "mode": mode, "batch": batch,
                    "step_ms": statistics.median(times) * 1e3, "tok_s": tokens / sum(times),
                    "step_ms_instrumented": statistics.median(t_times) * 1e3,
-                   "gpu_replay_ms": gpu_replay_ms(eng, batch), "device_ops": device_ops_per_step(eng, batch),
+                   "gpu_replay_ms": gpu_replay_ms(eng, batch),
                    "host_ms": {k: v * 1e3 / steps for k, v in sorted(timers.total.items())},
                    "calls_per_step": {k: v / steps for k, v in sorted(timers.calls.items())}}
+            row["device_ops"], row["device_busy_ms"], row["top_kernels"] = device_ops_per_step(eng, batch)
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k not in
-                   ("host_ms", "calls_per_step")}, flush=True)
+                   ("host_ms", "calls_per_step", "top_kernels")}, flush=True)
+            for k in row["top_kernels"]:
+                print(f"    kernel {k['kernel']:60s} x{k['count']:4d} {k['ms']:.4f} ms", flush=True)
             for k, v in row["host_ms"].items():
                 print(f"    {k:40s} {v:8.4f} ms/step  ({row['calls_per_step'][k]:.2f} calls)", flush=True)
             save(f"{args.out}/step_{args.label}.json", rows)

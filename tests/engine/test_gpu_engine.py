@@ -96,3 +96,29 @@ def test_msa_graph_decode_equals_eager_on_random_stack():
         # plain MSAAttention is not capturable: the engine decodes it eagerly even with graphs asked for
         assert (eng.graph_runner is not None and bool(eng.graph_runner.graphs)) == (kind == "msa" and graphs)
     assert toks[0] == toks[1] == toks[2]
+
+
+def test_fused_norm_linear_bf16_and_default_model_logprobs():
+    """engine.gpu.fused_decode on real shapes in bf16 against the unfused references, and the default
+    model's teacher-forced log-probs of a 16-token prompt (one fused forward) against the unfused layers."""
+    from engine.gpu.fused_decode import attach, norm_linear
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for m, n, silu in ((1, 960, False), (8, 1536, True), (16, 576, False)):
+        x, d = (torch.randn(m, 576, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+        w = torch.randn(576, device="cuda", generator=g, dtype=torch.bfloat16)
+        weight = torch.randn(2 * n if silu else n, 576, device="cuda", generator=g, dtype=torch.bfloat16) / 24
+        got = norm_linear(x, d, w, weight, 1e-5, silu=silu)
+        ref = norm_linear(x, d, w, weight, 1e-5, silu=silu, impl="torch")
+        assert torch.equal(got[1], ref[1])
+        for a, b in (got[0], ref[0]), (got[2], ref[2]):
+            assert not a.isnan().any() and (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
+    llm = LLM("smollm2-135m", device="cuda", dtype="bfloat16", kv_cache_tokens=8192, progress=False)
+    assert all(layer.fused_decode is not None for layer in llm.model.layers)
+    ids = llm._to_ids("The capital of France is Paris, and the capital of Italy is Rome.")[:16]
+    fused = [lp for lp, _ in llm.prompt_logprobs(ids)[1:]]
+    attach(llm.model, False)
+    plain = [lp for lp, _ in llm.prompt_logprobs(ids)[1:]]
+    diffs = [abs(a - b) for a, b in zip(fused, plain)]
+    print(f"fused vs unfused log-probs over {len(diffs)} tokens: max {max(diffs):.4f}, mean {sum(diffs) / len(diffs):.4f}")
+    assert max(diffs) < 0.2 and sum(diffs) / len(diffs) < 0.05

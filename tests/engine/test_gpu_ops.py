@@ -222,3 +222,53 @@ def test_msa_attention_class_graphs_on_cuda_only():
     assert msa_attention_class("torch", torch.device("cuda")) is MSAAttention
     assert msa_attention_class("auto", torch.device("cpu")) is MSAAttention
     assert not getattr(MSAAttention, "supports_cuda_graphs", False) and GraphMSAAttention.supports_cuda_graphs
+
+
+@needs_interp
+@pytest.mark.parametrize("m,with_delta,silu", [(1, False, False), (5, True, False), (16, True, True)])
+def test_norm_linear_triton_equals_reference(m, with_delta, silu):
+    from engine.gpu.fused_decode import norm_linear
+
+    g = torch.Generator().manual_seed(m)
+    k, n = 96, 40  # neither a multiple of the kernel's blocks
+    x = torch.randn(m, k, generator=g)
+    delta = torch.randn(m, k, generator=g) if with_delta else None
+    w_norm, weight = torch.randn(k, generator=g), torch.randn(2 * n if silu else n, k, generator=g) / 8
+    got = norm_linear(x, delta, w_norm, weight, 1e-5, silu=silu, impl="triton")
+    ref = norm_linear(x, delta, w_norm, weight, 1e-5, silu=silu, impl="torch")
+    assert got[0].shape == (m, n)
+    for a, b in zip(got, ref):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
+    with pytest.raises(ValueError, match="M<=16"):
+        norm_linear(torch.randn(17, k), None, w_norm, weight, 1e-5, impl="triton")
+
+
+def test_fused_decode_layer_equals_the_layer_forward():
+    """The fused layer forward (its torch references on the CPU) gives the unfused layer's outputs:
+    residual, MLP output and the normed hidden the attention sees."""
+    from engine.gpu.fused_decode import fused_decode_layer
+
+    cfg = shape_config("llama-3.1-8b", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=16, intermediate_size=96, max_position=512)
+    model = random_model(cfg, "cpu", dtype=torch.float32, seed=4)
+    eng = random_engine(model, DenseAttention(16 ** -0.5), "cpu", kv_cache_tokens=512, page_size=16)
+    eng.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=4, ignore_eos=True))
+    eng.step()
+    chunks = eng.scheduler.schedule()
+    seen = []
+
+    class Spy(DenseAttention):
+        def __call__(self, layer, q, kc, vc, meta, **kw):
+            seen.append(kw["hidden"].clone())
+            return super().__call__(layer, q, kc, vc, meta, **kw)
+
+    outs = []
+    for fused in (False, True):
+        for layer in model.layers:
+            layer.fused_decode = fused_decode_layer if fused else None
+        ids, pos, meta = eng._pack(chunks)
+        outs.append(model.hidden_states(ids, pos, meta, eng.cache, Spy(16 ** -0.5)))
+    for layer in model.layers:
+        layer.fused_decode = None
+    assert torch.allclose(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    assert len(seen) == 4 and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(seen[:2], seen[2:]))
