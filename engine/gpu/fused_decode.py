@@ -13,8 +13,11 @@ to the dtype, fp32 accumulation, matmul output rounded to the dtype before SwiGL
 accumulation order of the matmuls differs from cuBLAS. Graphs on and off both take this path (any
 forward of <= 16 rows on a GPU in bf16 / fp16), so their greedy tokens still match exactly.
 Not for float32 (Triton's dot would use TF32) nor for layers with q/k norms or a QKV bias.
+`MSA_EVAL_FUSED_DECODE=0` in the environment keeps every layer unfused.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +126,7 @@ def attach(model, enabled: bool = True) -> int:
     """Set (or clear) the `fused_decode` hook of every layer it suits (bf16 / fp16 weights on a GPU, no
     q/k norm, no QKV bias, no CPU fast weights); returns how many layers have it."""
     n = 0
+    enabled = enabled and os.environ.get("MSA_EVAL_FUSED_DECODE", "1") != "0"
     for layer in model.layers:
         ok = (enabled and layer.qkv.is_cuda and layer.qkv.dtype in (torch.bfloat16, torch.float16)
               and layer.q_norm is None and layer.qkv_bias is None and layer.fast_linears is None)
