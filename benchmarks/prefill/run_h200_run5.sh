@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One device call (session 3 of issue 3, run 5): every GPU-marked kernel test, then sweep_run5.py.
-#   bash benchmarks/prefill/run_h200_run5.sh        (on the GPU machine, repo root; logs under $OUT)
+# One device call (session 3 of issue 3, run 5): every GPU-marked kernel test, then a sweep script.
+#   bash benchmarks/prefill/run_h200_run5.sh                              (call 1: sweep_run5.py)
+#   SWEEP=sweep_run5_api.py bash benchmarks/prefill/run_h200_run5.sh      (call 2)
+# on the GPU machine, repo root; logs under $OUT
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-.}
@@ -9,6 +11,6 @@ python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__ver
 start=$(date +%s)
 timeout "${TEST_LIMIT_S:-150}" python3 -m pytest -q -m gpu tests/kernels -n 12 --durations=10 -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 echo "gpu tests: exit $? wall $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu_tests.log"
-timeout "${SWEEP_LIMIT_S:-330}" python3 benchmarks/prefill/sweep_run5.py --out "$OUT" --budget-s "${BUDGET_S:-240}" > "$OUT/sweep.log" 2>&1; rc=$?
+timeout "${SWEEP_LIMIT_S:-330}" python3 "benchmarks/prefill/${SWEEP:-sweep_run5.py}" --out "$OUT" --budget-s "${BUDGET_S:-240}" > "$OUT/sweep.log" 2>&1; rc=$?
 grep -v '^{' "$OUT/sweep.log" | tail -80
 echo "sweep: exit $rc total wall $(( $(date +%s) - start )) s"

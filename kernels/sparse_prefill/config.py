@@ -24,7 +24,8 @@ class TileConfig:
     tile's tokens go to the per-token merge pass (0: off); head_split: programs per (tile, KV head),
     each over ``G / head_split`` heads; num_warps / num_stages: the tile kernel's; rare_stages: the
     merge pass's pipeline stages; lazy / exp_fma: the tile kernel's softmax options (see
-    ``triton_sparse_attention.py``).
+    ``triton_sparse_attention.py``). Run 5 (RESULTS.md) measured every option; only ``exp_fma``
+    was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
     rare_max: int | None = None
@@ -33,7 +34,7 @@ class TileConfig:
     num_stages: int | None = None
     rare_stages: int = 2
     lazy: bool = False
-    exp_fma: bool = False
+    exp_fma: bool = True  # run 5: 32.08 vs 32.24 ms at 128K, 15.12 vs 15.30 at 64K (about the noise)
 
     def resolved(self, group: int) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads."""

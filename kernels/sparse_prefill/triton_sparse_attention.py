@@ -73,22 +73,28 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
     pid = tl.program_id(0)
     t = pid // HKV
     g = pid % HKV
-    if GATED:
-        merge = tl.load(FLAG) != 0
+    slots = tl.arange(0, TOPK)
+    req = tl.load(TOK_REQ + t)  # independent of the loads below: one round trip for all of them
+    if GATED:  # the flag and both id rows in one round trip, then the choice
+        flag = tl.load(FLAG)
+        ids_vals = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + slots)
+        if HAS_RARE:
+            rare_vals = tl.load(RARE + t.to(tl.int64) * stride_rt + g * stride_rh + slots)
+        else:
+            rare_vals = tl.full([TOPK], -1, tl.int32)
+        merge = flag != 0
+        n_valid = tl.sum((tl.where(merge, rare_vals, ids_vals) >= 0).to(tl.int32), axis=0)
         if merge:
-            if not HAS_RARE:
-                return
             id_row = RARE + t.to(tl.int64) * stride_rt + g * stride_rh
         else:
             id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
     else:
         merge = MERGE
         id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
-    n_valid = tl.sum((tl.load(id_row + tl.arange(0, TOPK)) >= 0).to(tl.int32), axis=0)
+        n_valid = tl.sum((tl.load(id_row + slots) >= 0).to(tl.int32), axis=0)
     if merge:
         if n_valid == 0:
             return
-    req = tl.load(TOK_REQ + t)
     q_beg = tl.load(CUQ + req)
     pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
 
@@ -170,15 +176,14 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
                  D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, HSPLIT: tl.constexpr = 1,
                  LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False):
     """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads."""
-    if GATED:
-        if tl.load(FLAG) == 0:
-            return
     GS: tl.constexpr = G // HSPLIT
     pid = tl.program_id(0)
     tile = pid // (HKV * HSPLIT)
     g = (pid // HSPLIT) % HKV
     part = pid % HSPLIT
     req = tl.load(TILE_REQ + tile)
+    if GATED:  # loaded with the tile's request: no extra round trip
+        req = tl.where(tl.load(FLAG) == 0, -1, req)
     if req < 0:
         return
     t0 = tl.load(TILE_START + tile)

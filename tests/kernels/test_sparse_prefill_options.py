@@ -33,8 +33,8 @@ def _check(case, ids, out, lse):
 
 @pytest.mark.parametrize("cfg", [
     TileConfig(tile_q=8, rare_max=2, head_split=2),
-    TileConfig(tile_q=8, rare_max=0, lazy=True),
-    TileConfig(tile_q=8, rare_max=1, exp_fma=True, rare_stages=1),
+    TileConfig(tile_q=8, rare_max=0, lazy=True, exp_fma=False),
+    TileConfig(tile_q=8, rare_max=1, exp_fma=False, rare_stages=1),
     TileConfig(tile_q=4, rare_max=1, head_split=4, lazy=True, exp_fma=True, num_stages=1),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
@@ -105,8 +105,8 @@ def test_auto_design_picks_per_token_for_scattered_selections(paged_case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("cfg", [
-    TileConfig(tile_q=8, rare_max=2, rare_stages=1), TileConfig(tile_q=8, rare_max=2, lazy=True),
-    TileConfig(tile_q=8, rare_max=2, exp_fma=True), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=True),
+    TileConfig(tile_q=8, rare_max=2, rare_stages=1), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=False),
+    TileConfig(tile_q=8, rare_max=2, exp_fma=False), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=True),
     TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=2),
     TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1), None])

@@ -1,0 +1,145 @@
+"""Run 5, second call: what the public op costs on top of the bare kernels (design choice, host
+syncs, gating), exp FMA against the plain softmax in alternating rounds, and the sparse attention of
+the committed defaults at 32K..1M (M3 shape, structured inputs, real indexer selections).
+
+    python3 benchmarks/prefill/sweep_run5_api.py --out DIR      # on the H200, ~60 s
+    python3 benchmarks/prefill/sweep_run5_api.py --dry-cpu --out /tmp/x
+
+Variants of one attention call (outputs compared bit for bit with the explicit tile launch):
+explicit = union build + tile kernel + merge pass with prebuilt tile tables (what run 4 timed);
+op tile = ``msa_prefill_attention(design="tile")``; op auto = the device-side choice (gated
+launches), with and without the host length check; old auto = the session-2 op path (one host sync
+on the mean union, then the chosen kernel); explicit gated = the gated kernels with a preset flag.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_prefill import DEV, DRY, SHAPES, make_inputs, matmul_peak, reps_for, timed, useful_attention_flops  # noqa: E402
+from sweep_run5 import Rows, case_label  # noqa: E402
+from kernels._common.tiles import tile_table  # noqa: E402
+from kernels.indexer import msa_indexer  # noqa: E402
+from kernels.sparse_prefill import msa_prefill_attention  # noqa: E402
+from kernels.sparse_prefill.config import TileConfig, tile_flag  # noqa: E402
+from kernels.sparse_prefill.launch import _launch_tile, _launch_token  # noqa: E402
+from kernels.sparse_prefill.unions import build_unions  # noqa: E402
+
+
+def variants(x, ids, shape, cfg):
+    t = x["q"].shape[0]
+    args = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
+    group, scale = shape["hq"] // shape["hkv"], 1 / math.sqrt(shape["d"])
+    out, lse = torch.empty_like(x["q"]), torch.empty(t, shape["hq"], device=DEV)
+    tiles = tile_table(x["cu_seqlens_q"], t, cfg.tile_q, longest_first=False)
+    one = torch.ones(1, dtype=torch.int32, device=DEV)
+
+    def explicit(flag=None):
+        union = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, cfg.tile_q, rare_max=cfg.rare_max)
+        _launch_tile(*args, ids, out, lse, scale, cfg.tile_q, tiles=tiles, union=union, config=cfg, flag=flag)
+        return out
+
+    def old_auto():  # session 2's op: validation with its sync, tile table, unions, host sync, launch
+        x["cu_seqlens_q"].tolist(), x["seq_lens_kv"].tolist()  # the host length check
+        tl_ = tile_table(x["cu_seqlens_q"], t, cfg.tile_q, longest_first=False)
+        union = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tl_, cfg.tile_q, rare_max=cfg.rare_max)
+        use_tile = tile_flag(union.count, union.rare_ids, tl_[0], ids.shape[2], cfg.tile_q, group).item()
+        o, l_ = torch.empty_like(x["q"]), torch.empty(t, shape["hq"], device=DEV)
+        if use_tile:
+            _launch_tile(*args, ids, o, l_, scale, cfg.tile_q, tiles=tl_, union=union, config=cfg)
+        else:
+            _launch_token(*args, ids, o, l_, scale)
+        return o
+
+    return {
+        "explicit tile launch (prebuilt tile table)": explicit,
+        "explicit, gated kernels (flag preset to tile)": lambda: explicit(one),
+        "op design='tile', check_lengths=False": lambda: msa_prefill_attention(*args, ids, impl="triton", design="tile", check_ids=False,
+                                                                                check_lengths=False, tile_config=cfg)[0],
+        "op design='auto' (device choice), check_lengths=False: no sync": lambda: msa_prefill_attention(
+            *args, ids, impl="triton", check_ids=False, check_lengths=False, tile_config=cfg)[0],
+        "op design='auto', host length check (1 sync)": lambda: msa_prefill_attention(
+            *args, ids, impl="triton", check_ids=False, tile_config=cfg)[0],
+        "session-2 op path: auto with a host sync on the mean union": old_auto,
+    }
+
+
+def api_overhead(rows, t, cfg, rounds=3):
+    shape = SHAPES["m3"]
+    x = make_inputs(t, shape, True)
+    case = case_label("m3", t)
+    ids = msa_indexer(x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"], shape["topk"])
+    flops = useful_attention_flops(ids, t, shape)
+    r = reps_for(512 * t * t / 500e12 * 1e3)
+    vs = variants(x, ids, shape, cfg)
+    ref = vs["explicit tile launch (prebuilt tile table)"]().clone()
+    for name, fn in vs.items():
+        same = torch.equal(fn(), ref)
+        rows.add(case, name, timed(fn, r), flops, f"bit-equal to explicit: {same}")
+    base_cfg = TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=False)
+    fma_cfg = TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=True)
+    times = {"plain softmax": [], "exp FMA": []}
+    for _ in range(rounds):  # alternating: the difference is ~1%, the run-to-run spread about as much
+        for tag, c in (("plain softmax", base_cfg), ("exp FMA", fma_cfg)):
+            times[tag].append(timed(variants(x, ids, shape, c)["explicit tile launch (prebuilt tile table)"], r))
+    for tag, ts in times.items():
+        ts.sort()
+        rows.add(case, f"explicit, {tag} ({rounds} alternating rounds, median)", ts[len(ts) // 2], flops,
+                 f"range {ts[0]:.3f}-{ts[-1]:.3f} ms")
+
+
+def defaults_at(rows, t):
+    """Sparse attention of the committed defaults through the op as the engine calls it."""
+    shape = SHAPES["m3"]
+    x = make_inputs(t, shape, True)
+    ids = msa_indexer(x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"], shape["topk"])
+    args = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
+    r = reps_for(512 * t * t / 500e12 * 1e3)
+    ms = timed(lambda: msa_prefill_attention(*args, ids, impl="triton", check_ids=False, check_lengths=False), r)
+    rows.add(case_label("m3", t), "attention, committed defaults via the op (auto, no sync)", ms,
+             useful_attention_flops(ids, t, shape))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=120)
+    ap.add_argument("--dry-cpu", action="store_true")
+    args = ap.parse_args()
+    deadline = time.time() + args.budget_s
+    peak = matmul_peak()
+    info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
+    print(json.dumps(info), flush=True)
+    rows = Rows(peak)
+    cfg = TileConfig().resolved(16)
+    plan = [("api", 131072), ("api", 65536), ("defaults", 32768), ("defaults", 262144), ("defaults", 1 << 20)]
+    if DRY:
+        plan = [("api", 512), ("defaults", 256)]
+    for what, t in plan:
+        if time.time() > deadline:
+            rows.add(case_label("m3", t), f"{what}: skipped, budget spent", float("nan"))
+            continue
+        try:
+            api_overhead(rows, t, cfg) if what == "api" else defaults_at(rows, t)
+        except Exception:
+            traceback.print_exc()
+        if not DRY:
+            torch.cuda.empty_cache()
+        Path(args.out, "run5_api.json").write_text(json.dumps(dict(info=info, rows=rows.rows), indent=1))
+    for rw in rows.rows:
+        print(f"{rw['case'][:22]:<22} {rw['stage'][:66]:<66} {rw['ms']:>9.3f} {rw['tflops'] or '':>6} "
+              f"{rw['frac_peak'] or '':>5} {rw['note'][:60]}")
+
+
+if __name__ == "__main__":
+    main()
