@@ -123,8 +123,9 @@ def render(res: dict[str, dict[str, float]], ours: list[str], hfs: list[str], ar
         f"{load[0]} at start, {load[1]} at end: other engineers' jobs ran; all engines interleaved in one process)",
         f"- versions: torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
         f"- model: smollm2-135m (Q4_1 GGUF). ours fp32/bf16 = the dequantized weights in that dtype; ours q4 = the GGUF's "
-        "own 4-bit codes (torch int4 CPU matmul, bf16 activations; the Q8_0 embedding/lm_head in bf16); HF dequantizes "
-        "the GGUF to its dtype. Activations, attention and KV cache of ours are float32 in every mode.",
+        "own 4-bit codes (torch int4 CPU matmul, bf16 activations) and the Q8_0 lm_head as an int8 GEMM whose best 64 "
+        "logits per row are recomputed in float32 (`engine.cpu_logits`); HF dequantizes the GGUF to its dtype. Ours "
+        "fp32 is float32 throughout; ours bf16/q4 keep the residual stream, norms and softmax in float32 and K/V in bf16.",
         f"- decode after a {args.context}-token prompt, {args.new_tokens} new tokens, greedy; median of {args.repeats} "
         "after warm-up",
         f"- command: `OMP_NUM_THREADS={args.threads or ''} python benchmarks/cpu_engine/bench_cpu.py --repeats "
