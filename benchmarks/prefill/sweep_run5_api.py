@@ -85,11 +85,13 @@ def api_overhead(rows, t, cfg, rounds=3):
     for name, fn in vs.items():
         same = torch.equal(fn(), ref)
         rows.add(case, name, timed(fn, r), flops, f"bit-equal to explicit: {same}")
-    base_cfg = TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=False)
-    fma_cfg = TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=True)
-    times = {"plain softmax": [], "exp FMA": []}
+    configs = {"plain softmax": TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=False),
+               "exp FMA": TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=True),
+               "exp FMA, merge pass 3 stages": TileConfig(tile_q=cfg.tile_q, rare_max=cfg.rare_max, exp_fma=True,
+                                                          rare_stages=3)}
+    times = {tag: [] for tag in configs}
     for _ in range(rounds):  # alternating: the difference is ~1%, the run-to-run spread about as much
-        for tag, c in (("plain softmax", base_cfg), ("exp FMA", fma_cfg)):
+        for tag, c in configs.items():
             times[tag].append(timed(variants(x, ids, shape, c)["explicit tile launch (prebuilt tile table)"], r))
     for tag, ts in times.items():
         ts.sort()
