@@ -13,6 +13,7 @@ through `add_request` / `step` / `abort`.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ class LLMEngine:
         self.use_cuda_graphs = bool(cuda_graphs and device.type == "cuda"
                                     and getattr(attention, "supports_cuda_graphs", False))
         self.graph_runner = None
-        if device.type == "cuda":  # <= 16-row forwards: RMSNorm fused into the matmuls (bf16 / fp16)
+        if device.type == "cuda" and os.environ.get("MSA_EVAL_FUSED_DECODE") == "1":  # opt-in: measured slower
             from engine.gpu.fused_decode import attach
 
             attach(model)

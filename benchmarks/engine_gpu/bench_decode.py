@@ -112,7 +112,7 @@ def hf_from_config(cfg, weights=None):
 
 def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int,
               hf_modes: tuple[str, ...] = ("eager", "compiled"), cases: tuple[str, ...] = ("default", "llama-3.1-8b"),
-              repeats: int = 1, ours_unfused: bool = False) -> None:
+              repeats: int = 1, ours_fused: bool = False) -> None:
     """Ours and HF per case and batch; with `repeats` > 1 each rate is timed that many times (ours: whole
     generate runs; HF: the 1-token / `new`-token pair, after its warm-up and compile) and the median
     is the row's value, the runs listed beside it."""
@@ -139,14 +139,14 @@ def versus_hf(rows: list[dict], gguf: str | None, prompt: int, new: int,
             a = statistics.median(ours)
             row = {"bench": "vs_hf", "model": case, "batch": batch, "prompt": prompt, "new": new, "ours_tok_s": a,
                    "ours_runs": ours}
-            if ours_unfused:  # the same engine without the fused norm + matmul kernels (graphs captured again)
+            if ours_fused:  # the same engine with engine.gpu.fused_decode (graphs captured again), then without
                 from benchmarks.engine_gpu.bench_step import set_fused
 
-                set_fused(eng, False)
-                ours_decode(eng, batch, prompt, 8, cfg.vocab_size)
-                row["ours_unfused_runs"] = [ours_decode(eng, batch, prompt, new, cfg.vocab_size) for _ in range(repeats)]
-                row["ours_unfused_tok_s"] = statistics.median(row["ours_unfused_runs"])
                 set_fused(eng, True)
+                ours_decode(eng, batch, prompt, 8, cfg.vocab_size)
+                row["ours_fused_runs"] = [ours_decode(eng, batch, prompt, new, cfg.vocab_size) for _ in range(repeats)]
+                row["ours_fused_tok_s"] = statistics.median(row["ours_fused_runs"])
+                set_fused(eng, False)
                 ours_decode(eng, batch, prompt, 8, cfg.vocab_size)
             if "eager" in hf_modes:
                 b, _ = hf_decode(hf, batch, prompt, new, cfg.vocab_size, repeats=repeats)
@@ -181,7 +181,7 @@ def main() -> None:
                     "compiled (static cache + torch.compile)")
     ap.add_argument("--cases", default="default,llama-3.1-8b", help="models against HF: default, llama-3.1-8b")
     ap.add_argument("--repeats", type=int, default=1, help="timings per rate against HF (median reported)")
-    ap.add_argument("--ours-unfused", action="store_true", help="also time ours without the fused norm + matmul")
+    ap.add_argument("--ours-fused", action="store_true", help="also time ours with engine.gpu.fused_decode")
     ap.add_argument("--roofline-graphs", default="on,off", help="roofline rows: CUDA graphs on and/or off")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = ap.parse_args()
@@ -192,7 +192,7 @@ def main() -> None:
     graph_modes = tuple(m == "on" for m in args.roofline_graphs.split(","))
     sections = {"roofline": lambda: roofline(rows, bw, args.ctx, args.steps, graph_modes),
                 "hf": lambda: versus_hf(rows, args.gguf, args.prompt, args.new, tuple(args.hf_modes.split(",")),
-                                        tuple(args.cases.split(",")), args.repeats, args.ours_unfused)}
+                                        tuple(args.cases.split(",")), args.repeats, args.ours_fused)}
     run_sections(sections, args.skip, rows, f"{args.out}/decode{args.tag}.json")
 
 

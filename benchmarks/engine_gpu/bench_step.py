@@ -5,8 +5,8 @@
 
 (`.prof_old/engine` = `git archive <commit> engine`: the engine before a change, same kernels.)
 Per batch size and mode (`sync`: the step waits for its tokens; `async`: one step late,
-`engine.gpu.async_decode`; suffix `-unfused`: without `engine.gpu.fused_decode`'s norm + matmul
-kernels), 512-token random prompts, 64 new tokens:
+`engine.gpu.async_decode`; suffix `-fused`: with `engine.gpu.fused_decode`'s norm + matmul
+kernels, off by default), 512-token random prompts, 64 new tokens:
 * wall ms per decode step (median of the `step()` calls after the prefill step) and decode tokens/s,
   first without any instrumentation;
 * GPU ms of one graph replay (CUDA events around 50 back-to-back replays of the captured graph);
@@ -162,7 +162,7 @@ def main() -> None:
     for batch in map(int, args.batches.split(",")):
         for mode in args.modes.split(","):
             eng.async_decode = mode.startswith("async")
-            set_fused(eng, not mode.endswith("-unfused"))
+            set_fused(eng, mode.endswith("-fused"))
             decode_run(eng, batch, args.prompt, 8, vocab)  # warm-up: graph capture
             times, tokens = decode_run(eng, batch, args.prompt, args.new, vocab)
             timers = Timers()

@@ -31,7 +31,7 @@ def decode_tables(rows: list[dict]) -> list[str]:
             eager = (f"{r['hf_tok_s']:.1f} | **{r['speedup']:.2f}x**" if "hf_tok_s" in r else "- | -")
             comp = (f"{r['hf_compiled_tok_s']:.1f} | **{r['speedup_compiled']:.2f}x** | {r['hf_compile_s']:.1f}"
                     if "hf_compiled_tok_s" in r else f"{r.get('hf_compiled_error', 'not run')} | - | -")
-            unf = f" (unfused {r['ours_unfused_tok_s']:.1f})" if "ours_unfused_tok_s" in r else ""
+            unf = f" (fused {r['ours_fused_tok_s']:.1f})" if "ours_fused_tok_s" in r else ""
             out.append(f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['new']} | {r['ours_tok_s']:.1f}{unf} | "
                        f"{eager} | {comp} |")
         out.append("")

@@ -8,16 +8,19 @@ and h. With `silu=True`, W is the fused [gate; up] matrix and the kernel returns
 A layer then runs 7 kernels instead of 10: norm+QKV, RoPE+cache, attention (2), O, norm+gate/up+SwiGLU,
 down (`fused_decode_layer`, attached to each layer's `fused_decode` hook by `attach`).
 
+OFF by default (the engine attaches it only with `MSA_EVAL_FUSED_DECODE=1`): measured on an H200
+(benchmarks/engine_gpu/RESULTS.md section 7) it is SLOWER than the unfused ops although it saves 90
+launches per step: each of its 60 calls takes ~8.5 us against ~4 us for cuBLAS's small-M kernel plus
+~1.4 us for the norm (30-48 programs each walk K twice with dependent loads). Kept for tuning
+(split-K, more programs per matrix), with its tests.
+
 Numerics: the same roundings as the unfused ops (add in the storage dtype, norm in fp32, h rounded
 to the dtype, fp32 accumulation, matmul output rounded to the dtype before SwiGLU); only the
 accumulation order of the matmuls differs from cuBLAS. Graphs on and off both take this path (any
 forward of <= 16 rows on a GPU in bf16 / fp16), so their greedy tokens still match exactly.
 Not for float32 (Triton's dot would use TF32) nor for layers with q/k norms or a QKV bias.
-`MSA_EVAL_FUSED_DECODE=0` in the environment keeps every layer unfused.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +30,9 @@ import triton.language as tl
 from engine.gpu.ops import resolve_impl, rms_norm_ref, rope_cache, silu_mul_ref
 
 MAX_ROWS = 16
+# only layers this small (gate/up elements) are launch-bound; larger ones are bandwidth-bound, where
+# cuBLAS reads the weights faster than this simple kernel (8B shape: 4.72 -> 6.83 ms per step fused)
+MAX_FUSED_WEIGHT = 4 << 20
 
 
 def norm_linear_ref(x: torch.Tensor, delta: torch.Tensor | None, w_norm: torch.Tensor, weight: torch.Tensor,
@@ -123,13 +129,14 @@ def fused_decode_layer(layer, x, delta, cos, sin, meta, cache, attn, positions):
 
 
 def attach(model, enabled: bool = True) -> int:
-    """Set (or clear) the `fused_decode` hook of every layer it suits (bf16 / fp16 weights on a GPU, no
-    q/k norm, no QKV bias, no CPU fast weights); returns how many layers have it."""
+    """Set (or clear) the `fused_decode` hook of every layer it suits (bf16 / fp16 weights on a GPU, a
+    gate/up matrix of at most MAX_FUSED_WEIGHT elements, no q/k norm, no QKV bias, no CPU fast weights);
+    returns how many layers have it."""
     n = 0
-    enabled = enabled and os.environ.get("MSA_EVAL_FUSED_DECODE", "1") != "0"
     for layer in model.layers:
         ok = (enabled and layer.qkv.is_cuda and layer.qkv.dtype in (torch.bfloat16, torch.float16)
-              and layer.q_norm is None and layer.qkv_bias is None and layer.fast_linears is None)
+              and layer.gate_up.numel() <= MAX_FUSED_WEIGHT and layer.q_norm is None
+              and layer.qkv_bias is None and layer.fast_linears is None)
         layer.fused_decode = fused_decode_layer if ok else None
         n += ok
     return n

@@ -114,7 +114,7 @@ def test_fused_norm_linear_bf16_and_default_model_logprobs():
         for a, b in (got[0], ref[0]), (got[2], ref[2]):
             assert not a.isnan().any() and (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
     llm = LLM("smollm2-135m", device="cuda", dtype="bfloat16", kv_cache_tokens=8192, progress=False)
-    assert all(layer.fused_decode is not None for layer in llm.model.layers)
+    assert attach(llm.model) == llm.config.num_layers
     ids = llm._to_ids("The capital of France is Paris, and the capital of Italy is Rome.")[:16]
     fused = [lp for lp, _ in llm.prompt_logprobs(ids)[1:]]
     attach(llm.model, False)
