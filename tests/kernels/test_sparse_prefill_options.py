@@ -97,9 +97,20 @@ def test_auto_design_picks_per_token_for_scattered_selections(paged_case):
     tiles = tile_table(case["cu_seqlens_q"], 16, 8, longest_first=False)
     union = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8)
     assert tile_flag(union.count, union.rare_ids, tiles[0], 4, 8, 16).item() == 0
-    auto = msa_prefill_attention(*args, ids, impl="triton", design="auto", rare_max=0)
     token = msa_prefill_attention(*args, ids, impl="triton", design="token")
-    assert torch.equal(auto[0], token[0]) and torch.equal(auto[1], token[1])
+    for design in ("auto", "auto_device"):  # host-side and device-side choice: the same kernel ran
+        got = msa_prefill_attention(*args, ids, impl="triton", design=design, rare_max=0)
+        assert torch.equal(got[0], token[0]) and torch.equal(got[1], token[1])
+
+
+@pytest.mark.parametrize("design", ["auto", "auto_device"])
+def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
+    case = paged_case([45, 7], [300, 7], hkv=2, group=8, d=64, block=64, dtype=torch.bfloat16, device=DEV, seed=3)
+    ids = _ids(case, 8)
+    args = (case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
+    got = msa_prefill_attention(*args, ids, impl="triton", design=design)
+    tile = msa_prefill_attention(*args, ids, impl="triton", design="tile")
+    assert torch.equal(got[0], tile[0]) and torch.equal(got[1], tile[1])
 
 
 @pytest.mark.gpu
@@ -123,9 +134,11 @@ def test_tile_options_gpu_m3(paged_case, cfg):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_engine_path_has_no_host_sync(paged_case):
-    # what engine/attention/msa.py calls per MSA layer: indexer and attention with the host checks
-    # off and design="auto"; any synchronising CUDA call raises in sync-debug "error" mode
+@pytest.mark.parametrize("design", ["tile", "auto_device"])
+def test_engine_path_has_no_host_sync(paged_case, design):
+    # what engine/attention/msa.py calls per MSA layer (design "tile"), and the device-side auto:
+    # indexer and attention with the host checks off; any synchronising CUDA call raises in
+    # sync-debug "error" mode
     case = paged_case([900, 300], [3000, 300], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=4)
     from kernels.indexer import msa_indexer
     args = (case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
@@ -135,7 +148,7 @@ def test_engine_path_has_no_host_sync(paged_case):
     torch.cuda.set_sync_debug_mode("error")
     try:
         ids = msa_indexer(case["q_idx"], case["k_idx_cache"], *args, 16, check_lengths=False)
-        out, lse = msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], *args, ids, design="auto",
+        out, lse = msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], *args, ids, design=design,
                                          check_ids=False, check_lengths=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
