@@ -8,8 +8,9 @@ the committed defaults at 32K..1M (M3 shape, structured inputs, real indexer sel
 Variants of one attention call (outputs compared bit for bit with the explicit tile launch):
 explicit = union build + tile kernel + merge pass with prebuilt tile tables (what run 4 timed);
 op tile = ``msa_prefill_attention(design="tile")``; op auto_device = the device-side choice (gated
-launches), with and without the host length check; old auto = the session-2 op path and today's ``auto`` (one host sync
-on the mean union, then the chosen kernel); explicit gated = the gated kernels with a preset flag.
+launches), with and without the host length check; old auto = the session-2 op path and today's
+``auto`` (one host sync on the mean union, then the chosen kernel); explicit gated = the gated
+kernels with a preset flag.
 """
 from __future__ import annotations
 
