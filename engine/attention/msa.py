@@ -23,6 +23,15 @@ from engine.msa.projections import IndexProjections, IndexRope
 from engine.msa.recall import selected_mass
 
 
+# Sparse prefill kernel design, fixed so that a layer needs no host sync. design="auto" (one sync per
+# layer) picks the per-token kernel only when a tile's union of selected blocks passes the measured
+# break-even (kernels/sparse_prefill/config.py: 12 k blocks per 16-token tile for G < 8, i.e. 192 of
+# at most 241 at k = 16; with the rare-block split for G >= 8 it picked the tile on every selection
+# measured); so "tile" gives what "auto" gave. design="auto_device" would choose on the device without
+# a sync, but its gated kernels cost 35.6 vs 32.7 ms at 128K (M3 shape, benchmarks/prefill/RESULTS.md run 5).
+PREFILL_DESIGN = "tile"
+
+
 class MSAAttention:
     def __init__(self, msa: MSAConfig, projections: IndexProjections, rope: IndexRope, num_layers: int,
                  scale: float, impl: str = "auto", track_recall: bool = False):
@@ -98,12 +107,12 @@ class MSAAttention:
             from kernels.sparse_prefill import msa_prefill_attention
 
             # no host sync per layer: the lengths come from the engine's own metadata (shapes are still
-            # checked), the ids from the indexer, and design="auto" picks tile vs per-token on the device
+            # checked), the ids from the indexer, the kernel design is fixed (PREFILL_DESIGN)
             ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
                               impl=self.impl, check_lengths=False)
             out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
-                                           ids, scale=self.scale, impl=self.impl, design="auto", check_ids=False,
-                                           check_lengths=False)
+                                           ids, scale=self.scale, impl=self.impl, design=PREFILL_DESIGN,
+                                           check_ids=False, check_lengths=False)
         if self.track_recall:
             s, n = selected_mass(q, k_cache, meta, ids, self.scale)
             acc = self.recall.setdefault(layer, [0.0, 0])
