@@ -68,7 +68,9 @@ class DecoderLayer(nn.Module):
     def qkv_proj(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x `[T, hidden]` (already normed) -> q `[T, Hq, d]`, k, v `[T, Hkv, d]` with RoPE."""
         cfg, d = self.cfg, self.cfg.head_dim
-        qkv = self.linear("qkv", x).float()  # a CPU fast linear returns bf16: q/k norms and RoPE in float32
+        qkv = self.linear("qkv", x)
+        if self.fast_linears is not None:  # a CPU fast linear returns bf16: q/k norms and RoPE in float32
+            qkv = qkv.float()
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, cfg.num_heads, d)
         k = k.view(-1, cfg.num_kv_heads, d)

@@ -81,3 +81,37 @@ def test_kv_cache_dtype_follows_weight_mode(default_llm):
     assert default_llm.cache.k[0].dtype == torch.float32  # the exact default path keeps float32 K/V
     small = LLM("smollm2-135m", device="cpu", progress=False, weights="bf16", kv_cache_tokens=256)
     assert small.kv_dtype == torch.bfloat16 and small.cache.v[0].dtype == torch.bfloat16
+
+
+def test_qk_norm_model_runs_in_bf16_mode_with_bf16_cache():
+    """Qwen3-style q/k norms (the `qkv_proj` path: float32 q, bf16 cache) under bf16 weights stay close to fp32."""
+    from types import SimpleNamespace
+
+    from engine.config import ModelConfig
+    from engine.cpu_weights import attach_cpu_weights
+    from engine.kv_cache import CacheConfig, KVCache
+    from engine.llm_engine import LLMEngine
+    from engine.random_model import random_model
+    from engine.sampling import SamplingParams
+    from engine.scheduler import SchedulerConfig
+    from tests.engine.test_parity_hf import all_logits
+
+    cfg = ModelConfig(arch="qwen3", vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=16, intermediate_size=96, max_position=256, qk_norm=True)
+    runs = []
+    for mode, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        model = random_model(cfg, "cpu", torch.float32, seed=3)
+        attach_cpu_weights(model, mode)
+        cache = KVCache(2, 2, 16, CacheConfig(page_size=16, num_pages=16, dtype=dtype), torch.device("cpu"))
+        eng = LLMEngine(model, None, DenseAttention(16 ** -0.5), cache, SchedulerConfig(4, 64), 256, torch.device("cpu"))
+        llm = SimpleNamespace(engine=eng, model=model, cache=cache)
+        ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+        logits = all_logits(llm, ids, chunk=8)
+        for i in range(2):  # two requests through batched decode steps (the decode plan)
+            eng.add_request(f"r{i}", ids[: 20 + i], SamplingParams(max_tokens=4, ignore_eos=True))
+        while eng.has_unfinished():
+            eng.step()
+        runs.append((logits, [eng.pop_finished(f"r{i}").output_ids for i in range(2)]))
+    (ref, ref_toks), (fast, fast_toks) = runs
+    assert ((fast - ref).norm() / ref.norm()).item() < 3e-2
+    assert all(len(t) == 4 and all(0 <= x < 96 for x in t) for t in fast_toks)
