@@ -9,6 +9,8 @@ GPU: residual add + RMSNorm, RoPE + KV-cache write, SwiGLU).
 CPU-only fast paths (gated on the device): one `index_copy_` per cache write (`engine.cpu_decode`),
 `F.rms_norm`, and the reduced-precision matmuls of `engine.cpu_weights` when attached
 (`fast_linears` per layer, `fast_lm_head`); without them the CPU runs the exact float32 weights.
+Fast linears return bf16: the residual add promotes it back to float32, SwiGLU stays bf16 into the
+next matmul, and q/k are rotated in float32.
 """
 from __future__ import annotations
 
