@@ -122,7 +122,7 @@ def q4_llm():
 @pytest.mark.parametrize("chunk", [None, 16])  # one 512-row step (bf16 copy) / 16-row steps (4-bit codes)
 def test_q4_logits_stay_close_to_fp32(default_llm, q4_llm, chunk):
     """Tolerance of the fast mode on 512 tokens of real text (Python's textwrap source): top-1 agreement
-    >= 95% and mean KL(fp32 || q4) < 5e-3 nats (measured: 97%, 8e-4)."""
+    >= 95% and mean KL(fp32 || q4) < 5e-3 nats (measured: 98%, 7e-4)."""
     assert q4_llm.weight_counts == {"int4": 120, "int8": 1}
     ids = default_llm.tokenizer.encode(inspect.getsource(textwrap))[:512]
     ref, fast = all_logits(default_llm, ids), all_logits(q4_llm, ids, chunk=chunk)
