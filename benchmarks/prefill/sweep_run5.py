@@ -227,10 +227,13 @@ def whole_prefill(rows, name, t, cfg, peak, deadline, x=None, ids=None, dense=Tr
         rows.add(case, "dense causal SDPA (cuDNN)", t_d, dense_flops, f"MSA speed-up {t_d / total:.2f}x")
 
 
-def main() -> None:
+def start_run(default_budget_s: float):
+    """Parse --out / --budget-s / --dry-cpu, measure the bf16 matmul peak, print the run's info line.
+
+    Returns (args, deadline, peak, info, rows): what both run-5 sweeps start from."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--budget-s", type=float, default=default_budget_s)
     ap.add_argument("--dry-cpu", action="store_true")
     args = ap.parse_args()
     deadline = time.time() + args.budget_s
@@ -238,7 +241,11 @@ def main() -> None:
     info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
     print(json.dumps(info), flush=True)
-    rows = Rows(peak)
+    return args, deadline, peak, info, Rows(peak)
+
+
+def main() -> None:
+    args, deadline, peak, info, rows = start_run(240)
     big, mid = (131072, 65536) if not DRY else (512, 256)
     save = lambda: Path(args.out, "run5.json").write_text(json.dumps(dict(info=info, rows=rows.rows), indent=1))  # noqa: E731
     best_cfg = None

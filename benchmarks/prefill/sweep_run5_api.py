@@ -14,7 +14,6 @@ kernels with a preset flag.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -26,8 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_prefill import DEV, DRY, SHAPES, make_inputs, matmul_peak, reps_for, timed, useful_attention_flops  # noqa: E402
-from sweep_run5 import Rows, case_label  # noqa: E402
+from bench_prefill import DEV, DRY, SHAPES, make_inputs, reps_for, timed, useful_attention_flops  # noqa: E402
+from sweep_run5 import case_label, start_run  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.sparse_prefill import msa_prefill_attention  # noqa: E402
@@ -114,17 +113,7 @@ def defaults_at(rows, t):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--budget-s", type=float, default=120)
-    ap.add_argument("--dry-cpu", action="store_true")
-    args = ap.parse_args()
-    deadline = time.time() + args.budget_s
-    peak = matmul_peak()
-    info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
-    print(json.dumps(info), flush=True)
-    rows = Rows(peak)
+    args, deadline, peak, info, rows = start_run(120)
     cfg = TileConfig().resolved(16)
     plan = [("api", 131072), ("api", 65536), ("defaults", 32768), ("defaults", 262144), ("defaults", 1 << 20)]
     if DRY:
