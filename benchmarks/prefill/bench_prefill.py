@@ -80,6 +80,33 @@ def matmul_peak() -> float:
     return 2 * n ** 3 / ms / 1e9
 
 
+def run_info() -> tuple[float, dict]:
+    """Measure the bf16 matmul peak and print the run's info line (GPU, torch, triton, peak): every script's start."""
+    peak = matmul_peak()
+    info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
+    print(json.dumps(info), flush=True)
+    return peak, info
+
+
+def run_cases(items: list[str], run_one, out_path: Path, info: dict, deadline: float | None = None) -> list[dict]:
+    """Run `run_one(item) -> rows` for each item; a failing case is printed and skipped, not fatal;
+    past `deadline` the rest are skipped; the rows so far are saved to `out_path` after every case."""
+    rows: list[dict] = []
+    for item in items:
+        if deadline is not None and time.time() > deadline:
+            print(f"skipped {item}: budget spent", flush=True)
+            continue
+        try:
+            rows += run_one(item)
+        except Exception:  # one failing case must not lose the others
+            traceback.print_exc()
+        if not DRY:
+            torch.cuda.empty_cache()
+        Path(out_path).write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+    return rows
+
+
 def make_inputs(t: int, shape: dict, structured: bool, seed: int = 0) -> dict:
     g = torch.Generator(device=DEV).manual_seed(seed)
     hq, hkv, d, block, d_idx = shape["hq"], shape["hkv"], shape["d"], shape["block"], shape["d_idx"]
@@ -234,23 +261,13 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
     deadline = t0 + args.budget_s
-    peak = matmul_peak()
-    info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
-    print(json.dumps(info), flush=True)
-    rows = []
-    for item in args.plan.split(","):
+    peak, info = run_info()
+
+    def one(item: str) -> list[dict]:
         name, t, kind = item.split(":")
-        if time.time() > deadline:
-            print(f"skipped {item}: budget spent", flush=True)
-            continue
-        try:
-            rows += bench_one(name, int(t), kind == "s", peak, deadline, args.dense_max, args.dense_single_max)
-        except Exception:  # one failing case must not lose the others
-            traceback.print_exc()
-        if not DRY:
-            torch.cuda.empty_cache()
-        Path(args.out, "bench.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+        return bench_one(name, int(t), kind == "s", peak, deadline, args.dense_max, args.dense_single_max)
+
+    rows = run_cases(args.plan.split(","), one, Path(args.out, "bench.json"), info, deadline)
     print(f"total {time.time() - t0:.0f}s")
     for r in rows:
         print(f"{r['case']:<28} {r['stage']:<46} {r['ms']:>9.3f} ms {r['tflops'] or '':>7} "

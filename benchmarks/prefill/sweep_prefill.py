@@ -17,13 +17,12 @@ import json
 import math
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_prefill import (DEV, DRY, SHAPES, make_inputs, matmul_peak, reps_for, timed,  # noqa: E402
+from bench_prefill import (DEV, DRY, SHAPES, make_inputs, reps_for, run_cases, run_info, timed,  # noqa: E402
                            useful_attention_flops)
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
@@ -141,20 +140,13 @@ def main() -> None:
     ap.add_argument("--dry-cpu", action="store_true", help="tiny CPU run through the interpreter")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    peak = matmul_peak()
-    info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
-    print(json.dumps(info), flush=True)
-    rows = []
-    for item in args.sizes.split(","):
+    peak, info = run_info()
+
+    def one(item: str) -> list[dict]:
         name, t = item.split(":")
-        try:
-            rows += sweep_one(name, int(t), peak, with_token=int(t) <= 65536, with_dense=True)
-        except Exception:
-            traceback.print_exc()
-        if not DRY:
-            torch.cuda.empty_cache()
-        Path(args.out, "sweep.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+        return sweep_one(name, int(t), peak, with_token=int(t) <= 65536, with_dense=True)
+
+    rows = run_cases(args.sizes.split(","), one, Path(args.out, "sweep.json"), info)
     for r in rows:
         print(f"{r['case']:<22} {r['stage']:<66} {r['ms']:>9.3f} ms {r['tflops'] or '':>7} {r['note']}")
 

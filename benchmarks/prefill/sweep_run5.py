@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_prefill import (DEV, DRY, SHAPES, make_inputs, matmul_peak, reps_for, timed,  # noqa: E402
+from bench_prefill import (DEV, DRY, SHAPES, make_inputs, reps_for, run_info, timed,  # noqa: E402
                            useful_attention_flops)
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
@@ -237,10 +237,7 @@ def start_run(default_budget_s: float):
     ap.add_argument("--dry-cpu", action="store_true")
     args = ap.parse_args()
     deadline = time.time() + args.budget_s
-    peak = matmul_peak()
-    info = dict(gpu="cpu (dry run)" if DRY else torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=__import__("triton").__version__, bf16_matmul_peak_tflops=round(peak, 1))
-    print(json.dumps(info), flush=True)
+    peak, info = run_info()
     return args, deadline, peak, info, Rows(peak)
 
 
