@@ -56,7 +56,8 @@ class Adapter:
     path: Path | None = None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temp file in the same folder and `os.replace` (no half-written file)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -69,7 +70,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def save_adapter(out: Path, proj: IndexProjections, base: dict[str, Any],
@@ -81,7 +82,7 @@ def save_adapter(out: Path, proj: IndexProjections, base: dict[str, Any],
     tensors = {f"layers.{k}": v.detach().to("cpu", torch.float16).contiguous()
                for k, v in proj.layers.state_dict().items()}
     blob = st_save(tensors, metadata={"format": str(FORMAT)})
-    _atomic_write(out / TENSORS_FILE, blob)
+    atomic_write(out / TENSORS_FILE, blob)
     write_json(out / CONFIG_FILE, {"format": FORMAT, "msa": proj.msa.to_dict(), "base": base,
                                    "tensors_sha256": hashlib.sha256(blob).hexdigest()})
     if provenance is not None:
