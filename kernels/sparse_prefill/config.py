@@ -24,7 +24,9 @@ class TileConfig:
     tile's tokens go to the per-token merge pass (0: off); head_split: programs per (tile, KV head),
     each over ``G / head_split`` heads; num_warps / num_stages: the tile kernel's; rare_stages: the
     merge pass's pipeline stages; lazy / exp_fma: the tile kernel's softmax options (see
-    ``triton_sparse_attention.py``). Run 5 (RESULTS.md) measured every option; only ``exp_fma``
+    ``triton_sparse_attention.py``); block_n: keys per loop step (0: the whole block; ``B / block_n``
+    steps per union block); maxnreg: register cap per thread of the tile kernel (None: the
+    compiler's choice). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -35,6 +37,8 @@ class TileConfig:
     rare_stages: int = 2
     lazy: bool = False
     exp_fma: bool = True  # run 5: 32.08 vs 32.24 ms at 128K, 15.12 vs 15.30 at 64K (about the noise)
+    block_n: int = 0
+    maxnreg: int | None = None
 
     def resolved(self, group: int) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads."""
@@ -43,7 +47,8 @@ class TileConfig:
         return TileConfig(tile_q=tile_q, rare_max=default_rare_max(group) if self.rare_max is None else self.rare_max,
                           head_split=self.head_split, num_warps=self.num_warps or (8 if block_m >= 128 else 4),
                           num_stages=self.num_stages or default_tile_stages(block_m),
-                          rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma)
+                          rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
+                          block_n=self.block_n, maxnreg=self.maxnreg)
 
 
 def triton_next_pow2(n: int) -> int:

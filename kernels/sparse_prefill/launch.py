@@ -52,6 +52,10 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     tile_q = cfg.tile_q
     if group % cfg.head_split:
         raise ValueError(f"msa_prefill_attention: head_split must divide the group size {group}, got {cfg.head_split}")
+    if cfg.block_n and (block % cfg.block_n or cfg.block_n < 16):
+        raise ValueError(f"msa_prefill_attention: block_n must divide the block size {block} and be >= 16, "
+                         f"got {cfg.block_n}")
+    extra = {} if cfg.maxnreg is None or interpreting() else dict(maxnreg=cfg.maxnreg)
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
         union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max)
@@ -64,7 +68,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * _LOG2E,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_block_m(tile_q, group, cfg.head_split), D=d, B=block,
         UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
-        GATED=flag is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        GATED=flag is not None, BN=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)

@@ -134,12 +134,13 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
 
 
 @triton.jit
-def _tile_block(s_raw, blk, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, v,
-                B: tl.constexpr, LAZY: tl.constexpr, EXP_FMA: tl.constexpr):
-    """Online-softmax update of the tile state by one union block from its raw scores ``Q K^T``."""
+def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, v,
+                BN: tl.constexpr, LAZY: tl.constexpr, EXP_FMA: tl.constexpr):
+    """Online-softmax update of the tile state by ``BN`` keys of one union block (the first at position
+    ``key0``) from their raw scores ``Q K^T``."""
     bias = tl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose it
-    if blk * B + (B - 1) > pos_min:  # a key of this block lies past some row: causal mask
-        s_raw = tl.where((blk * B + offs_b)[None, :] <= pos[:, None], s_raw, float("-inf"))
+    if key0 + (BN - 1) > pos_min:  # a key of this step lies past some row: causal mask
+        s_raw = tl.where((key0 + offs_b)[None, :] <= pos[:, None], s_raw, float("-inf"))
     if EXP_FMA:  # scale > 0: the row max of the scaled scores is the scaled row max
         m_blk = tl.max(s_raw, axis=1) * qk_scale + bias
         s = s_raw
@@ -174,8 +175,12 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
                  stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, HSPLIT: tl.constexpr = 1,
-                 LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False):
-    """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads."""
+                 LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False,
+                 BN: tl.constexpr = 0):
+    """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads; each
+    loop step takes ``BN`` keys of a union block (0: the whole block, ``B``)."""
+    KN: tl.constexpr = B if BN == 0 else BN
+    NSUB: tl.constexpr = B // KN
     GS: tl.constexpr = G // HSPLIT
     pid = tl.program_id(0)
     tile = pid // (HKV * HSPLIT)
@@ -198,7 +203,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
     pos_min = tl.min(tl.where(row_ok, pos, 2147483647), axis=0)
     offs_d = tl.arange(0, D)
-    offs_b = tl.arange(0, B)
+    offs_b = tl.arange(0, KN)
     tok64 = tok.to(tl.int64)
     q = tl.load(Q + tok64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
@@ -211,16 +216,18 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     u_off = tile.to(tl.int64) * stride_ut + g * stride_uh
     n_union = tl.load(UCOUNT + tile * HKV + g)
-    for u in range(0, n_union):
+    for it in range(0, n_union * NSUB):
+        u = it // NSUB
+        koff = (it % NSUB) * KN
         blk = tl.load(UNION + u_off + u)
         page = tl.load(UPAGE + u_off + u).to(tl.int64)  # physical page, resolved by the union kernel
-        k = tl.load(KC + page * stride_kp + g * stride_kh + offs_b[:, None] * stride_kb + offs_d[None, :])
-        v = tl.load(VC + page * stride_vp + g * stride_vh + offs_b[:, None] * stride_vb + offs_d[None, :])
+        k = tl.load(KC + page * stride_kp + g * stride_kh + (koff + offs_b)[:, None] * stride_kb + offs_d[None, :])
+        v = tl.load(VC + page * stride_vp + g * stride_vh + (koff + offs_b)[:, None] * stride_vb + offs_d[None, :])
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         bits = tl.load(UMASK + u_off + u)
-        m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk, bits, row_bit, pos, pos_min, offs_b, qk_scale,
-                                    m_i, l_i, acc, v, B, LAZY, EXP_FMA)
+        m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk * B + koff, bits, row_bit, pos, pos_min, offs_b,
+                                    qk_scale, m_i, l_i, acc, v, KN, LAZY, EXP_FMA)
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)

@@ -36,6 +36,7 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=8, rare_max=0, lazy=True, exp_fma=False),
     TileConfig(tile_q=8, rare_max=1, exp_fma=False, rare_stages=1),
     TileConfig(tile_q=4, rare_max=1, head_split=4, lazy=True, exp_fma=True, num_stages=1),
+    TileConfig(tile_q=8, rare_max=2, block_n=32, maxnreg=128),  # 2-4 steps per block, causal per step
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
@@ -57,6 +58,14 @@ def test_head_split_must_divide_the_group(paged_case):
         msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                               case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
                               tile_config=TileConfig(head_split=2))
+
+
+def test_block_n_must_divide_the_block(paged_case):
+    case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
+    with pytest.raises(ValueError, match="block_n must divide"):
+        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(block_n=48))
 
 
 def test_device_flag_follows_prefer_tile():
@@ -120,7 +129,9 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(tile_q=8, rare_max=2, exp_fma=False), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=True),
     TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=2),
-    TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1), None])
+    TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1),
+    TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=2),
+    TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=3), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
