@@ -1,5 +1,6 @@
 """Run 6 (session 4 of issue 3): the tile kernel with half-block loop steps and a register cap, so that
-two 8-warp programs share an SM (one's softmax overlapping the other's MMAs), against the run-5
+two 8-warp programs share an SM (one's softmax overlapping the other's MMAs), and the window merge pass
+of the rare pairs (tokens that chose the same rare block share its K/V read), against the run-5
 default; each variant checked against the fp32 reference on the GPU before it is timed.
 
     python3 benchmarks/prefill/sweep_run6.py --out DIR [--budget-s 240] [--sizes 131072,65536]   # H200
@@ -25,14 +26,16 @@ from bench_prefill import DRY  # noqa: E402
 from sweep_run5 import start_run, sweep, whole_prefill  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
 
+BN64 = dict(tile_q=8, block_n=64, num_stages=2, maxnreg=128)
 VARIANTS = {  # label -> TileConfig (M3: G = 16, 8-token tiles = 128 rows, 8 warps)
-    "base: BN 128, 3 stages (run-5 default)": TileConfig(tile_q=8, rare_max=2),
-    "BN 64, 2 stages, maxnreg 128 (2 programs/SM)": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=2, maxnreg=128),
-    "BN 64, 3 stages, maxnreg 128 (2 programs/SM)": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=3, maxnreg=128),
-    "BN 64, 3 stages, no cap (163 regs: 1 program/SM)": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=3),
-    "BN 64, 2 stages, maxnreg 128, rare_max 1": TileConfig(tile_q=8, rare_max=1, block_n=64, num_stages=2, maxnreg=128),
-    "BN 64, 2 stages, maxnreg 128, rare_max 3": TileConfig(tile_q=8, rare_max=3, block_n=64, num_stages=2, maxnreg=128),
-    "BN 32, 3 stages, maxnreg 128": TileConfig(tile_q=8, rare_max=2, block_n=32, num_stages=3, maxnreg=128),
+    "base: BN 128, 3 stages, rare_max 2, token pass (run-5 default)": TileConfig(tile_q=8, rare_max=2),
+    "BN 64, 2 stages, maxnreg 128, rare_max 1, token pass": TileConfig(rare_max=1, **BN64),
+    "BN 64 ..., rare_max 2, window pass": TileConfig(rare_max=2, rare_pass="window", **BN64),
+    "BN 64 ..., rare_max 3, window pass": TileConfig(rare_max=3, rare_pass="window", **BN64),
+    "BN 64 ..., rare_max 4, window pass": TileConfig(rare_max=4, rare_pass="window", **BN64),
+    "BN 64 ..., rare_max 3, window pass, 4-token steps, 4 warps": TileConfig(rare_max=3, rare_pass="window", rare_chunk=4,
+                                                                            rare_warps=4, **BN64),
+    "BN 64 ..., rare_max 5, window pass": TileConfig(rare_max=5, rare_pass="window", **BN64),
 }
 
 

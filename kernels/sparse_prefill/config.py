@@ -26,7 +26,10 @@ class TileConfig:
     merge pass's pipeline stages; lazy / exp_fma: the tile kernel's softmax options (see
     ``triton_sparse_attention.py``); block_n: keys per loop step (0: the whole block; ``B / block_n``
     steps per union block); maxnreg: register cap per thread of the tile kernel (None: the
-    compiler's choice). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    compiler's choice); rare_pass: how the rare pairs are added, "token" (one program per token and KV
+    head, each pair's K/V read for that token alone) or "window" (one program per window of 128
+    packed tokens and KV head: the tokens that chose the same rare block share one K/V read, up to
+    ``rare_chunk`` tokens per step, 0: ``tile_q``; ``rare_warps``: that pass's warps). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -39,6 +42,9 @@ class TileConfig:
     exp_fma: bool = True  # run 5: 32.08 vs 32.24 ms at 128K, 15.12 vs 15.30 at 64K (about the noise)
     block_n: int = 0
     maxnreg: int | None = None
+    rare_pass: str = "token"
+    rare_chunk: int = 0
+    rare_warps: int | None = None
 
     def resolved(self, group: int) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads."""
@@ -48,7 +54,8 @@ class TileConfig:
                           head_split=self.head_split, num_warps=self.num_warps or (8 if block_m >= 128 else 4),
                           num_stages=self.num_stages or default_tile_stages(block_m),
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
-                          block_n=self.block_n, maxnreg=self.maxnreg)
+                          block_n=self.block_n, maxnreg=self.maxnreg, rare_pass=self.rare_pass,
+                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps)
 
 
 def triton_next_pow2(n: int) -> int:

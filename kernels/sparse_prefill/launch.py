@@ -6,7 +6,7 @@ import torch
 from kernels._common.tiles import tile_table, token_requests
 from kernels._common.validate import interpreting
 from kernels.sparse_prefill.config import TileConfig, tile_block_m, triton_next_pow2
-from kernels.sparse_prefill.unions import TileUnions, build_unions
+from kernels.sparse_prefill.unions import RARE_WINDOW, TileUnions, build_unions, sort_rare_pairs
 
 _LOG2E = 1.4426950408889634
 
@@ -55,6 +55,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     if cfg.block_n and (block % cfg.block_n or cfg.block_n < 16):
         raise ValueError(f"msa_prefill_attention: block_n must divide the block size {block} and be >= 16, "
                          f"got {cfg.block_n}")
+    if cfg.rare_pass not in ("token", "window"):
+        raise ValueError(f"msa_prefill_attention: rare_pass must be 'token' or 'window', got {cfg.rare_pass!r}")
     extra = {} if cfg.maxnreg is None or interpreting() else dict(maxnreg=cfg.maxnreg)
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
@@ -72,9 +74,35 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)
+    elif union.rare_ids is not None and cfg.rare_pass == "window":
+        _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse,
+                            scale, cfg)
     elif union.rare_ids is not None:
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                       merge=True, num_stages=cfg.rare_stages)
+
+
+def _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,
+                        cfg: TileConfig):
+    """Merge the rare pairs into the tile kernel's out / LSE, one program per (window, KV head)."""
+    from kernels.sparse_prefill.triton_sparse_attention import _rare_window_kernel
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    keys, count = sort_rare_pairs(rare_ids)
+    block_m = max(16, triton_next_pow2(cfg.rare_chunk * group))
+    n_items = keys.shape[0] * hkv
+    n_prog = min(n_items, 4 if interpreting() else 2 * torch.cuda.get_device_properties(q.device).multi_processor_count)
+    scr_o = torch.empty((n_prog, RARE_WINDOW * group, d), dtype=torch.float32, device=q.device)
+    scr_l = torch.empty((n_prog, RARE_WINDOW * group), dtype=torch.float32, device=q.device)
+    _rare_window_kernel[(n_prog,)](
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, token_requests(cu_seqlens_q, t), keys, count,
+        out, lse, scr_o, scr_l, n_items, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
+        keys.stride(0), keys.stride(1), scale * _LOG2E, HKV=hkv, G=group, CH=cfg.rare_chunk, BLOCK_M=block_m,
+        D=d, B=block, WIN=RARE_WINDOW, UPCAST=interpreting(), EXP_FMA=cfg.exp_fma, BN=cfg.block_n,
+        num_warps=cfg.rare_warps or (8 if block_m >= 128 else 4), num_stages=1)
 
 
 def tile_union_stats(union: TileUnions, tile_req: torch.Tensor) -> dict:

@@ -231,3 +231,94 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
                                     qk_scale, m_i, l_i, acc, v, KN, LAZY, EXP_FMA)
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)
+
+
+@triton.jit
+def _rare_window_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, SORTED, SCOUNT, OUT, LSE, SCR_O, SCR_L, n_items,
+                        stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                        stride_pt, stride_ot, stride_oh, stride_sw, stride_sh, qk_scale,
+                        HKV: tl.constexpr, G: tl.constexpr, CH: tl.constexpr, BLOCK_M: tl.constexpr,
+                        D: tl.constexpr, B: tl.constexpr, WIN: tl.constexpr, UPCAST: tl.constexpr,
+                        EXP_FMA: tl.constexpr, BN: tl.constexpr = 0):
+    """Window merge pass of the rare pairs (``RARE_MAX``), persistent: each program takes (window of
+    ``WIN`` packed tokens, KV head) items in turn and walks the item's rare pairs sorted by block
+    (``_rare_sort_kernel``); each step takes the next up to ``CH`` tokens that chose the same block (of
+    one request): rows = those tokens x the group's heads, the block's K/V loaded once for all of them.
+
+    A token's state between its steps stays in fp32 in the program's own scratch (``SCR_O`` / ``SCR_L``,
+    ``[WIN * G, D]`` / ``[WIN * G]``; LSE ``+inf`` = not touched yet, then read from the tile kernel's
+    ``OUT`` / ``LSE``), so a token merged n times is rounded to the output dtype once, as in the
+    per-token pass; the touched tokens are written out at the end of the item. A token appears at most
+    once per step and a program's steps run in order (a barrier after each store): no merges race."""
+    KN: tl.constexpr = B if BN == 0 else BN
+    NSUB: tl.constexpr = B // KN
+    pid = tl.program_id(0)
+    scr_o = SCR_O + pid.to(tl.int64) * (WIN * G * D)
+    scr_l = SCR_L + pid.to(tl.int64) * (WIN * G)
+    rows = tl.arange(0, BLOCK_M)
+    slot = rows // G
+    offs_d = tl.arange(0, D)
+    offs_b = tl.arange(0, KN)
+    for item in range(pid, n_items, tl.num_programs(0)):
+        w = item // HKV
+        g = item % HKV
+        n = tl.load(SCOUNT + item)
+        base = SORTED + w.to(tl.int64) * stride_sw + g * stride_sh
+        head = g * G + rows % G
+        for c in range(0, WIN * G, BLOCK_M):  # nothing touched yet
+            tl.store(scr_l + c + rows, float("inf"), mask=c + rows < WIN * G)
+        tl.debug_barrier()
+        i = 0
+        while i < n:
+            e0 = tl.load(base + i)
+            blk = e0 // WIN
+            req = tl.load(TOK_REQ + w * WIN + e0 % WIN)
+            live = (slot < CH) & (i + slot < n)
+            e = tl.load(base + i + slot, mask=live, other=0)
+            tok = w * WIN + e % WIN
+            member = live & (e // WIN == blk) & (tl.load(TOK_REQ + tok, mask=live, other=-1) == req)
+            cnt = tl.sum(member.to(tl.int32), axis=0) // G  # members are a prefix: keys sorted by (block, token)
+            q_beg = tl.load(CUQ + req)
+            pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (tok - q_beg)
+            pos_min = tl.min(tl.where(member, pos, 2147483647), axis=0)
+            tok64 = tok.to(tl.int64)
+            q = tl.load(Q + tok64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                        mask=member[:, None], other=0.0)
+            srow = (e % WIN) * G + rows % G  # the row's place in the scratch
+            s_l = tl.load(scr_l + srow, mask=member, other=float("inf"))
+            fresh = s_l == float("inf")
+            g_l = tl.load(LSE + tok64 * (HKV * G) + head, mask=member & fresh, other=float("-inf"))
+            lse_in = tl.where(fresh, g_l, s_l)
+            m_i = lse_in * 1.4426950408889634  # normalised out with l = 1 at m = lse (base 2)
+            l_i = tl.where(lse_in > float("-inf"), 1.0, 0.0)
+            acc = tl.load(scr_o + srow[:, None] * D + offs_d[None, :], mask=(member & ~fresh)[:, None], other=0.0)
+            acc += tl.load(OUT + tok64[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                           mask=(member & fresh)[:, None], other=0.0).to(tl.float32)  # disjoint masks
+            if UPCAST:
+                q = q.to(tl.float32)
+            page = tl.load(PT + req.to(tl.int64) * stride_pt + blk).to(tl.int64)
+            every = e0 * 0 - 1  # all membership bits set: every row here chose the block
+            for sub in tl.static_range(NSUB):
+                k = tl.load(KC + page * stride_kp + g * stride_kh + (sub * KN + offs_b)[:, None] * stride_kb
+                            + offs_d[None, :])
+                v = tl.load(VC + page * stride_vp + g * stride_vh + (sub * KN + offs_b)[:, None] * stride_vb
+                            + offs_d[None, :])
+                if UPCAST:
+                    k = k.to(tl.float32)
+                    v = v.to(tl.float32)
+                m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk * B + sub * KN, every, slot * 0, pos,
+                                            pos_min, offs_b, qk_scale, m_i, l_i, acc, v, KN, False, EXP_FMA)
+            _store_out(scr_o, scr_l, srow * D, srow, member, offs_d, m_i, l_i, acc)
+            tl.debug_barrier()  # this step's stores before the next step's loads of the same tokens
+            i += cnt
+        for c in range(0, WIN * G, BLOCK_M):  # the touched tokens, rounded once
+            r = c + rows
+            tok64 = (w * WIN + r // G).to(tl.int64)
+            hd = g * G + r % G
+            s_l = tl.load(scr_l + r, mask=r < WIN * G, other=float("inf"))
+            done = s_l != float("inf")
+            o = tl.load(scr_o + r[:, None] * D + offs_d[None, :], mask=done[:, None], other=0.0)
+            tl.store(OUT + tok64[:, None] * stride_ot + hd[:, None] * stride_oh + offs_d[None, :],
+                     o.to(OUT.dtype.element_ty), mask=done[:, None])
+            tl.store(LSE + tok64 * (HKV * G) + hd, s_l, mask=done)
+        tl.debug_barrier()  # the next item reuses the scratch

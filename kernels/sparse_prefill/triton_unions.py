@@ -70,3 +70,24 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     tl.store(UPAGE + base + idx, 0, mask=idx >= count)
     tl.store(UMASK + base + idx, 0, mask=idx >= count)
     tl.store(UCOUNT + pid, count)
+
+
+@triton.jit
+def _rare_sort_kernel(RARE, SORTED, SCOUNT, T, stride_rt, stride_rh, stride_sw, stride_sh,
+                      HKV: tl.constexpr, WIN: tl.constexpr, TOPK: tl.constexpr):
+    """The rare (token, block) pairs of one window of ``WIN`` packed tokens and one KV head as sorted
+    keys ``block * WIN + token offset`` (so the tokens that chose the same block are adjacent, in
+    token order), ``INT_MAX`` after ``SCOUNT`` valid keys."""
+    pid = tl.program_id(0)
+    w = pid // HKV
+    g = pid % HKV
+    NP: tl.constexpr = WIN * TOPK
+    idx = tl.arange(0, NP)
+    j = idx // TOPK
+    tok = w * WIN + j
+    ids = tl.load(RARE + tok.to(tl.int64) * stride_rt + g * stride_rh + idx % TOPK, mask=tok < T, other=-1)
+    keys = tl.where(ids >= 0, ids * WIN + j, 2147483647)
+    keys = tl.sort(keys)
+    base = w.to(tl.int64) * stride_sw + g * stride_sh
+    tl.store(SORTED + base + idx, keys)
+    tl.store(SCOUNT + pid, tl.sum((ids >= 0).to(tl.int32), axis=0))

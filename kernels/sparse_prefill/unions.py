@@ -74,3 +74,23 @@ def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q:
         rare.stride(0) if rare is not None else 0, rare.stride(1) if rare is not None else 0,
         HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, num_warps=4)
     return TileUnions(union, pages, token_mask, count, rare)
+
+
+RARE_WINDOW = 128  # packed tokens whose rare pairs one program of the window merge pass handles
+
+
+def sort_rare_pairs(rare_ids: torch.Tensor, window: int = RARE_WINDOW) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each window's rare (token, block) pairs sorted by block, then token (one Triton launch).
+
+    Returns ``keys`` int32 ``[windows, Hkv, window * k]`` (``block * window + token - window start``,
+    INT_MAX after the valid ones) and ``count`` int32 ``[windows, Hkv]``; ``window`` a power of two.
+    """
+    from kernels.sparse_prefill.triton_unions import _rare_sort_kernel
+
+    t, hkv, k = rare_ids.shape
+    n_win = -(-t // window)
+    keys = torch.empty((n_win, hkv, window * k), dtype=torch.int32, device=rare_ids.device)
+    count = torch.empty((n_win, hkv), dtype=torch.int32, device=rare_ids.device)
+    _rare_sort_kernel[(n_win * hkv,)](rare_ids, keys, count, t, rare_ids.stride(0), rare_ids.stride(1),
+                                      keys.stride(0), keys.stride(1), HKV=hkv, WIN=window, TOPK=k, num_warps=4)
+    return keys, count

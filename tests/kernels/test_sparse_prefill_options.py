@@ -37,6 +37,8 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=8, rare_max=1, exp_fma=False, rare_stages=1),
     TileConfig(tile_q=4, rare_max=1, head_split=4, lazy=True, exp_fma=True, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, block_n=32, maxnreg=128),  # 2-4 steps per block, causal per step
+    TileConfig(tile_q=8, rare_max=3, rare_pass="window"),
+    TileConfig(tile_q=4, rare_max=2, rare_pass="window", rare_chunk=2, block_n=32),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
@@ -58,6 +60,40 @@ def test_head_split_must_divide_the_group(paged_case):
         msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                               case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
                               tile_config=TileConfig(head_split=2))
+
+
+@pytest.mark.parametrize("rare_max,chunk", [(7, 8), (7, 2), (4, 8)])
+def test_window_rare_pass_matches_reference(paged_case, rare_max, chunk):
+    # rare_max 7 of 8: every pair goes to the window pass, several windows, a window shared by two
+    # requests, tokens merged many times in one program (chunk 2: up to 4 steps per block)
+    case = paged_case([200, 90], [1200, 90], hkv=2, group=4, d=64, block=64, dtype=torch.bfloat16, device=DEV,
+                      seed=17)
+    ids = _ids(case, 8)
+    out, lse = _poisoned(case)
+    cfg = TileConfig(tile_q=8, rare_max=rare_max, rare_pass="window", rare_chunk=chunk)
+    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                          case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
+    _check(case, ids, out, lse)
+
+
+def test_rare_sort_orders_pairs_by_block_then_token():
+    from kernels.sparse_prefill.unions import sort_rare_pairs
+    rare = torch.full((130, 1, 4), -1, dtype=torch.int32)
+    rare[5, 0, :2] = torch.tensor([7, 3])
+    rare[2, 0, :1] = 7
+    rare[129, 0, :1] = 1  # second window
+    keys, count = sort_rare_pairs(rare.to(DEV))
+    assert count.tolist() == [[3], [1]]
+    assert keys[0, 0, :3].tolist() == [3 * 128 + 5, 7 * 128 + 2, 7 * 128 + 5]
+    assert keys[1, 0, 0].item() == 1 * 128 + 1 and keys[0, 0, 3].item() == 2**31 - 1
+
+
+def test_rare_pass_must_be_known(paged_case):
+    case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
+    with pytest.raises(ValueError, match="rare_pass must be"):
+        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(rare_pass="pairs"))
 
 
 def test_block_n_must_divide_the_block(paged_case):

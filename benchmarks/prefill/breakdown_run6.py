@@ -1,0 +1,91 @@
+"""Run 6: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
+loop's raw rate on shared selections (every token of a 128-token window given its first token's
+blocks, so every union block is used by all 8 tokens: the ceiling that grouping tokens can reach).
+
+    python3 benchmarks/prefill/breakdown_run6.py --out DIR [--sizes 65536,131072]   # H200
+    python3 benchmarks/prefill/breakdown_run6.py --dry-cpu --out /tmp/x            # tiny
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_prefill import DEV, DRY, SHAPES, make_inputs, run_info, timed, useful_attention_flops  # noqa: E402
+from kernels._common.tiles import tile_table  # noqa: E402
+from kernels.indexer import msa_indexer  # noqa: E402
+from kernels.sparse_prefill.config import TileConfig  # noqa: E402
+from kernels.sparse_prefill.launch import _launch_tile, _launch_token  # noqa: E402
+from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
+
+CONFIGS = {
+    "run-5 default (BN 128, 3 stages, rare_max 2)": TileConfig(tile_q=8, rare_max=2),
+    "BN 64, 2 stages, maxnreg 128, rare_max 1": TileConfig(tile_q=8, rare_max=1, block_n=64, num_stages=2, maxnreg=128),
+    "BN 64, 2 stages, maxnreg 128, rare_max 2": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=2, maxnreg=128),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sizes", default="65536,131072")
+    ap.add_argument("--dry-cpu", action="store_true")
+    args = ap.parse_args()
+    peak, info = run_info()
+    rows = []
+
+    def add(case, stage, ms, flops=None, note=""):
+        tf = flops / ms / 1e9 if flops else None
+        rows.append(dict(case=case, stage=stage, ms=round(ms, 3), tflops=round(tf, 1) if tf else None,
+                         frac_peak=round(tf / peak, 3) if tf else None, note=note))
+        print(json.dumps(rows[-1]), flush=True)
+
+    shape = SHAPES["m3"]
+    scale = 1 / math.sqrt(shape["d"])
+    for t in ([384] if DRY else [int(s) for s in args.sizes.split(",")]):
+        x = make_inputs(t, shape, True)
+        att = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
+        real = msa_indexer(x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"], 16)
+        win = torch.arange(t, device=DEV) // shape["block"] * shape["block"]
+        shared = real[win].contiguous()  # each token gets its window's first token's blocks (own block shared)
+        out, lse = torch.empty_like(x["q"]), torch.empty(t, shape["hq"], device=DEV)
+        for sel_name, ids in (("real", real), ("shared", shared)):
+            flops = useful_attention_flops(ids, t, shape)
+            case = f"m3 T={t // 1024}K {sel_name} selections"
+            for label, cfg in CONFIGS.items():
+                tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
+                u = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8, rare_max=cfg.rare_max)
+                tile_only = TileUnions(u.union, u.pages, u.token_mask, u.count, None)
+                n_rare = int((u.rare_ids >= 0).sum()) if u.rare_ids is not None else 0
+                t_u = timed(lambda: build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8,
+                                                 rare_max=cfg.rare_max), 5)
+                t_tile = timed(lambda: _launch_tile(*att, ids, out, lse, scale, 8, tiles=tiles, union=tile_only,
+                                                    config=cfg), 5)
+                t_rare = timed(lambda: _launch_token(*att, u.rare_ids, out, lse, scale, merge=True,
+                                                     num_stages=cfg.rare_stages), 5) if n_rare else 0.0
+                steps = int(u.count[tiles[0] >= 0].sum()) * (shape["block"] // (cfg.block_n or shape["block"]))
+                exec_tile = float(u.count[tiles[0] >= 0].sum()) * 128 * shape["block"] * shape["d"] * 4
+                add(case, f"{label}: union build", t_u)
+                add(case, f"{label}: tile kernel only", t_tile, exec_tile,
+                    f"TFLOP/s = executed (all 128 rows x union blocks); {steps} loop steps")
+                if n_rare:
+                    add(case, f"{label}: rare merge pass only", t_rare, None,
+                        f"{n_rare} rare pairs, {n_rare / max(t_rare, 1e-9) / 1e3:.1f} M pairs/s, "
+                        f"{n_rare * 2 * shape['block'] * shape['d'] * 2 / t_rare / 1e9:.2f} TB/s of K/V read")
+                add(case, f"{label}: sum", t_u + t_tile + t_rare, flops, "TFLOP/s useful")
+        del x, real, shared, out, lse
+        if not DRY:
+            torch.cuda.empty_cache()
+        Path(args.out, "breakdown6.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+    for r in rows:
+        print(f"{r['case']:<26} {r['stage']:<62} {r['ms']:>8.3f} {r['tflops'] or '':>6} {r['note']}")
+
+
+if __name__ == "__main__":
+    main()
