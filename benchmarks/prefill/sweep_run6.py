@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_prefill import DRY  # noqa: E402
-from sweep_run5 import start_run, sweep, whole_prefill  # noqa: E402
+from bench_prefill import DEV, DRY, SHAPES, make_inputs, reps_for, timed  # noqa: E402
+from sweep_run5 import case_label, start_run, sweep, whole_prefill  # noqa: E402
+from kernels.indexer import msa_indexer  # noqa: E402
+from kernels.indexer.op import _launch_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
 
 BN64 = dict(tile_q=8, block_n=64, num_stages=2, maxnreg=128)
@@ -39,16 +41,90 @@ VARIANTS = {  # label -> TileConfig (M3: G = 16, 8-token tiles = 128 rows, 8 war
 }
 
 
+def dense_1m_cold(rows, t: int, peak: float, total_ms: float) -> None:
+    """One cold cuDNN causal run at ``t`` (no warm-up: ~37 s at 1M), against the MSA total."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    shape = SHAPES["m3"]
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    q = torch.randn(1, shape["hq"], t, shape["d"], device=DEV, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, shape["hq"], t, shape["d"], device=DEV, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(1, shape["hq"], t, shape["d"], device=DEV, dtype=torch.bfloat16, generator=gen)
+    sync = (lambda: None) if DRY else torch.cuda.synchronize
+    with sdpa_kernel([SDPBackend.MATH if DRY else SDPBackend.CUDNN_ATTENTION]):
+        sync()
+        start = time.perf_counter()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sync()
+    ms = (time.perf_counter() - start) * 1e3
+    flops = 4 * shape["d"] * shape["hq"] * t * (t + 1) / 2
+    rows.add(case_label("m3", t), "dense causal SDPA (cuDNN), one cold run, re-measured", ms, flops,
+             f"MSA speed-up {ms / total_ms:.1f}x")
+
+
+def topk_rounds(rows, t: int, rounds: int = 5) -> None:
+    """SmolLM2 top-k stage (fused indexer minus its score-only twin) vs ``torch.topk`` on the same
+    scores, in alternating rounds; the median ratio and the range."""
+    shape = SHAPES["smollm2"]
+    x = make_inputs(t, shape, True)
+    idx = (x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
+    r = reps_for(10)
+    scores = _launch_indexer(*idx, 4, mode=1)
+    ratios = []
+    for _ in range(rounds):
+        t_f = timed(lambda: msa_indexer(*idx, shape["topk"]), r)
+        t_s = timed(lambda: _launch_indexer(*idx, 4, mode=2), r)
+        t_k = timed(lambda: torch.topk(scores, min(shape["topk"] - 1, scores.shape[-1]), dim=-1), r)
+        ratios.append((t_k / max(t_f - t_s, 1e-3), t_f - t_s, t_k))
+    ratios.sort()
+    med = ratios[len(ratios) // 2]
+    rows.add(case_label("smollm2", t), f"top-k stage vs torch.topk, {rounds} alternating rounds", med[1], None,
+             f"median {med[0]:.2f}x (range {ratios[0][0]:.2f}-{ratios[-1][0]:.2f}x); torch.topk {med[2]:.3f} ms")
+
+
+def final(rows, peak, deadline, save) -> None:
+    """The rows with the run-6 defaults (explicit launch of ``TileConfig()``): M3 32K..1M against cuDNN
+    (1M: one cold dense run, re-measured), the SmolLM2 rows and the top-k rounds."""
+    plan = [("m3", 65536), ("m3", 131072), ("m3", 32768), ("m3", 262144), ("smollm2", 131072),
+            ("smollm2", 32768), ("topk", 131072), ("m3", 1 << 20)]
+    if DRY:
+        plan = [("m3", 384), ("smollm2", 512), ("topk", 512), ("m3", 640)]
+    for name, t in plan:
+        if time.time() > deadline:
+            rows.add(case_label(name, t), "skipped: budget spent", float("nan"))
+            continue
+        try:
+            if name == "topk":
+                topk_rounds(rows, t)
+            else:
+                big = t >= (640 if DRY else 1 << 20)
+                whole_prefill(rows, name, t, TileConfig().resolved(16, 128) if name == "m3" else None, peak, deadline,
+                              dense=not big, topk_baseline=False)
+                if big:
+                    total = [r for r in rows.rows if r["stage"] == "MSA total = indexer + attention"][-1]["ms"]
+                    rows.rows = [r for r in rows.rows if "run 1 number reused" not in r["stage"]]
+                    dense_1m_cold(rows, t, peak, total)
+        except Exception:
+            traceback.print_exc()
+        if not DRY:
+            torch.cuda.empty_cache()
+        save()
+
+
 def main() -> None:
     import argparse
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--sizes", default="131072,65536")
+    extra.add_argument("--final", action="store_true", help="the rows with the run-6 defaults (no sweep)")
     own, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0]] + rest
     args, deadline, peak, info, rows = start_run(240)
     sizes = [int(s) for s in own.sizes.split(",")] if not DRY else [384]
     variants = VARIANTS if not DRY else dict(list(VARIANTS.items())[:3])
-    save = lambda: Path(args.out, "run6.json").write_text(json.dumps(dict(info=info, rows=rows.rows), indent=1))  # noqa: E731
+    save = lambda: Path(args.out, "run6_final.json" if own.final else "run6.json").write_text(  # noqa: E731
+        json.dumps(dict(info=info, rows=rows.rows), indent=1))
+    if own.final:
+        final(rows, peak, deadline, save)
+        sizes = []
     for t in sizes:
         if time.time() > deadline:
             break

@@ -25,8 +25,11 @@ class TileConfig:
     each over ``G / head_split`` heads; num_warps / num_stages: the tile kernel's; rare_stages: the
     merge pass's pipeline stages; lazy / exp_fma: the tile kernel's softmax options (see
     ``triton_sparse_attention.py``); block_n: keys per loop step (0: the whole block; ``B / block_n``
-    steps per union block); maxnreg: register cap per thread of the tile kernel (None: the
-    compiler's choice); rare_pass: how the rare pairs are added, "token" (one program per token and KV
+    steps per union block); maxnreg: register cap per thread of the tile kernel (0: the compiler's
+    choice; applied on Hopper and newer only); with 128-row tiles the defaults are 64 keys per step,
+    a 128-register cap, 2 stages and rare_max 1: two 8-warp programs fit on an SM (98 KB of shared
+    memory, 128 x 256 registers each) and one's softmax overlaps the other's MMAs (run 6: 64K 15.13 ->
+    14.06-14.41 ms, 128K 31.85 -> 30.05-30.45 ms; the tile loop 419 -> 483 TFLOP/s executed); rare_pass: how the rare pairs are added, "token" (one program per token and KV
     head, each pair's K/V read for that token alone) or "window" (one program per window of 128
     packed tokens and KV head: the tokens that chose the same rare block share one K/V read, up to
     ``rare_chunk`` tokens per step, 0: ``tile_q``; ``rare_warps``: that pass's warps). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
@@ -40,21 +43,25 @@ class TileConfig:
     rare_stages: int = 2
     lazy: bool = False
     exp_fma: bool = True  # run 5: 32.08 vs 32.24 ms at 128K, 15.12 vs 15.30 at 64K (about the noise)
-    block_n: int = 0
+    block_n: int | None = None
     maxnreg: int | None = None
     rare_pass: str = "token"
     rare_chunk: int = 0
     rare_warps: int | None = None
 
-    def resolved(self, group: int) -> "TileConfig":
-        """This config with every ``None`` replaced by the default for a group of ``group`` heads."""
+    def resolved(self, group: int, block: int = 128) -> "TileConfig":
+        """This config with every ``None`` replaced by the default for a group of ``group`` heads and
+        KV blocks of ``block`` keys."""
         tile_q = self.tile_q or default_tile_q(group)
         block_m = tile_block_m(tile_q, group, self.head_split)
+        wide = block_m >= 128  # the two-programs-per-SM defaults (run 6)
+        block_n = (64 if wide and block > 64 else 0) if self.block_n is None else self.block_n
         return TileConfig(tile_q=tile_q, rare_max=default_rare_max(group) if self.rare_max is None else self.rare_max,
-                          head_split=self.head_split, num_warps=self.num_warps or (8 if block_m >= 128 else 4),
-                          num_stages=self.num_stages or default_tile_stages(block_m),
+                          head_split=self.head_split, num_warps=self.num_warps or (8 if wide else 4),
+                          num_stages=self.num_stages or default_tile_stages(block_m, block_n),
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
-                          block_n=self.block_n, maxnreg=self.maxnreg, rare_pass=self.rare_pass,
+                          block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
+                          rare_pass=self.rare_pass,
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps)
 
 
@@ -70,15 +77,18 @@ def tile_block_m(tile_q: int, group: int, head_split: int = 1) -> int:
 def default_rare_max(group: int) -> int:
     """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none).
 
-    2 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: union 27 -> 18 blocks, 7-9% faster
-    than no split, benchmarks/prefill/RESULTS.md session 2 run 4); small groups are not measured: off.
+    1 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: the split made the run-4 kernel 7-9%
+    faster at 2; with run 6's faster tile loop 1 is 1-2% faster than 2, benchmarks/prefill/RESULTS.md);
+    small groups are not measured: off.
     """
-    return 2 if group >= 8 else 0
+    return 1 if group >= 8 else 0
 
 
-def default_tile_stages(block_m: int) -> int:
-    """Pipeline stages of the tile kernel: 3 at 128 rows (run 4: 36.0 vs 36.8 ms at 128K), else 2."""
-    return 3 if block_m >= 128 else 2
+def default_tile_stages(block_m: int, block_n: int = 0) -> int:
+    """Pipeline stages of the tile kernel: 3 at 128 rows with whole-block steps (run 4: 36.0 vs 36.8 ms
+    at 128K), 2 with 64-key steps (run 6: 14.17 vs 14.30 ms at 64K, 30.81 vs 30.53 at 128K: a tie;
+    2 stages keep the shared memory at 98 KB), else 2."""
+    return 3 if block_m >= 128 and not block_n else 2
 
 
 def default_tile_q(group: int) -> int:

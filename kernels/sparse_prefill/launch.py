@@ -48,7 +48,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     group = hq // hkv
     if config is None:
         config = TileConfig(tile_q=tile_q, rare_max=rare_max, num_warps=num_warps, num_stages=num_stages)
-    cfg = config.resolved(group)
+    cfg = config.resolved(group, block)
     tile_q = cfg.tile_q
     if group % cfg.head_split:
         raise ValueError(f"msa_prefill_attention: head_split must divide the group size {group}, got {cfg.head_split}")
@@ -57,7 +57,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
                          f"got {cfg.block_n}")
     if cfg.rare_pass not in ("token", "window"):
         raise ValueError(f"msa_prefill_attention: rare_pass must be 'token' or 'window', got {cfg.rare_pass!r}")
-    extra = {} if cfg.maxnreg is None or interpreting() else dict(maxnreg=cfg.maxnreg)
+    hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
+    extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
         union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max)
