@@ -4,6 +4,7 @@
 #   bash benchmarks/prefill/run_h200.sh                                   (run 5, call 1: sweep_run5.py)
 #   SWEEP=sweep_run5_api.py SWEEP_ARGS="--budget-s 120" bash benchmarks/prefill/run_h200.sh   (run 5, call 2)
 #   SWEEP=sweep_pages_rare.py SWEEP_ARGS= bash benchmarks/prefill/run_h200.sh                 (run 3)
+#   SWEEP=sweep_run6.py SWEEP_ARGS="--budget-s 200" bash benchmarks/prefill/run_h200.sh       (run 6, sweep 1)
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-.}

@@ -4,6 +4,7 @@ of the rare pairs (tokens that chose the same rare block share its K/V read), ag
 default; each variant checked against the fp32 reference on the GPU before it is timed.
 
     python3 benchmarks/prefill/sweep_run6.py --out DIR [--budget-s 240] [--sizes 131072,65536]   # H200
+    python3 benchmarks/prefill/sweep_run6.py --final --out DIR --budget-s 330   # the rows, new defaults
     python3 benchmarks/prefill/sweep_run6.py --dry-cpu --out /tmp/x                             # tiny
 
 Timing, FLOP conventions and the checks as ``sweep_run5.py`` (whose helpers it uses): median of

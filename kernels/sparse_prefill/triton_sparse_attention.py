@@ -21,6 +21,10 @@ Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
   than 8 (base 2; exact: the reference is merely stale, FlashAttention-4's conditional rescale);
   ``EXP_FMA`` folds the scale and the membership bias into the exponent's reference
   (``exp2(s * scale - ref)``: one FMA per score instead of an FMA and a subtract).
+* ``BN`` (run 6): keys per loop step of the tile kernel (``B / BN`` steps per union block, the causal
+  mask per step); with 64-key steps and a 128-register cap two 8-warp programs share an SM.
+* ``_rare_window_kernel`` (opt-in ``rare_pass="window"``): the rare pairs merged per window of 128
+  tokens, the tokens that chose the same block sharing its K/V read (measured slower, see there).
 * ``GATED`` (the no-sync ``design="auto"``): a device flag (1 = tile design) makes the tile kernel
   exit at once when 0, and the token kernel run plain over ``IDS`` when 0 or merge over ``RARE``
   when 1, so the choice needs no host sync.
