@@ -28,17 +28,22 @@ from sweep_run5 import case_label, start_run, sweep, whole_prefill  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.indexer.op import _launch_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
+from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
+from kernels._common.tiles import tile_table  # noqa: E402
 
 BN64 = dict(tile_q=8, block_n=64, num_stages=2, maxnreg=128)
 VARIANTS = {  # label -> TileConfig (M3: G = 16, 8-token tiles = 128 rows, 8 warps)
-    "base: BN 128, 3 stages, rare_max 2, token pass (run-5 default)": TileConfig(tile_q=8, rare_max=2),
+    "run-6 default: BN 64, cap 128, 2 stages, rare_max 1, neighbour tiles": TileConfig().resolved(16, 128),
+    "regrouped tiles (greedy per 128 tokens), rare_max 1": TileConfig(group=True).resolved(16, 128),
+    "regrouped tiles, rare_max 2": TileConfig(group=True, rare_max=2).resolved(16, 128),
+    "regrouped tiles, rare_max 0": TileConfig(group=True, rare_max=0).resolved(16, 128),
+    "regrouped tiles, rare_max 1, 3 stages": TileConfig(group=True, num_stages=3).resolved(16, 128),
+}
+SWEEP1 = {  # sweep 1 and 2 of run 6 (the run-5 default against 64-key steps / the window rare pass)
+    "base: BN 128, 3 stages, rare_max 2, token pass (run-5 default)": TileConfig(tile_q=8, rare_max=2, block_n=0,
+                                                                                  maxnreg=0),
     "BN 64, 2 stages, maxnreg 128, rare_max 1, token pass": TileConfig(rare_max=1, **BN64),
-    "BN 64 ..., rare_max 2, window pass": TileConfig(rare_max=2, rare_pass="window", **BN64),
     "BN 64 ..., rare_max 3, window pass": TileConfig(rare_max=3, rare_pass="window", **BN64),
-    "BN 64 ..., rare_max 4, window pass": TileConfig(rare_max=4, rare_pass="window", **BN64),
-    "BN 64 ..., rare_max 3, window pass, 4-token steps, 4 warps": TileConfig(rare_max=3, rare_pass="window", rare_chunk=4,
-                                                                            rare_warps=4, **BN64),
-    "BN 64 ..., rare_max 5, window pass": TileConfig(rare_max=5, rare_pass="window", **BN64),
 }
 
 
@@ -116,6 +121,7 @@ def main() -> None:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--sizes", default="131072,65536")
     extra.add_argument("--final", action="store_true", help="the rows with the run-6 defaults (no sweep)")
+    extra.add_argument("--grouping", action="store_true", help="time the regrouping kernel alone too")
     own, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0]] + rest
     args, deadline, peak, info, rows = start_run(240)
@@ -131,6 +137,10 @@ def main() -> None:
             break
         try:
             best, good, ids, x = sweep(rows, "m3", t, variants, deadline, analyse=False)
+            if own.grouping:
+                tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
+                rows.add(case_label("m3", t), "regrouping kernel alone (group_tiles)",
+                         timed(lambda: group_tiles(ids, x["cu_seqlens_q"], *tiles, 8), 10))
             rows.add("m3", f"T={t}: fastest correct: {best}", float("nan"), None, json.dumps(good))
             save()
             whole_prefill(rows, "m3", t, variants.get(best), peak, deadline, x=x, ids=ids, dense=False)

@@ -6,6 +6,7 @@ import torch
 from kernels._common.tiles import tile_table, token_requests
 from kernels._common.validate import interpreting
 from kernels.sparse_prefill.config import TileConfig, tile_block_m, triton_next_pow2
+from kernels.sparse_prefill.grouping import group_tiles
 from kernels.sparse_prefill.unions import RARE_WINDOW, TileUnions, build_unions, sort_rare_pairs
 
 _LOG2E = 1.4426950408889634
@@ -61,17 +62,19 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
-        union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max)
+        tokmap = group_tiles(topk_ids, cu_seqlens_q, tile_req, tile_start, tile_q) if cfg.group else None
+        union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max,
+                             tokmap=tokmap)
     _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
         q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
         union.union, union.pages, union.token_mask, union.count, out, lse,
-        flag if flag is not None else union.count,
+        flag if flag is not None else union.count, union.tokmap if union.tokmap is not None else union.count,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * _LOG2E,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_block_m(tile_q, group, cfg.head_split), D=d, B=block,
         UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
-        GATED=flag is not None, BN=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+        GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)

@@ -174,15 +174,16 @@ def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i,
 
 
 @triton.jit
-def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE, FLAG,
+def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE, FLAG, TOKMAP,
                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
                  stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, HSPLIT: tl.constexpr = 1,
                  LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False,
-                 BN: tl.constexpr = 0):
+                 BN: tl.constexpr = 0, GROUPED: tl.constexpr = False):
     """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads; each
-    loop step takes ``BN`` keys of a union block (0: the whole block, ``B``)."""
+    loop step takes ``BN`` keys of a union block (0: the whole block, ``B``). ``GROUPED``: the
+    tile's tokens are ``TOKMAP[tile, g, :]`` (-1: empty slot) instead of ``t0 + j``."""
     KN: tl.constexpr = B if BN == 0 else BN
     NSUB: tl.constexpr = B // KN
     GS: tl.constexpr = G // HSPLIT
@@ -201,9 +202,14 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     kv_len = tl.load(SEQ + req)
 
     rows = tl.arange(0, BLOCK_M)
-    tok = t0 + rows // GS
+    if GROUPED:
+        tok = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + rows // GS, mask=rows < TQ * GS, other=-1)
+        row_ok = tok >= 0
+        tok = tl.maximum(tok, 0)
+    else:
+        tok = t0 + rows // GS
+        row_ok = (rows < TQ * GS) & (tok < q_end)
     head = g * G + part * GS + rows % GS
-    row_ok = (rows < TQ * GS) & (tok < q_end)
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
     pos_min = tl.min(tl.where(row_ok, pos, 2147483647), axis=0)
     offs_d = tl.arange(0, D)

@@ -6,15 +6,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE,
+def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE, TOKMAP,
                   stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
-                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr):
+                  HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr,
+                  GROUPED: tl.constexpr = False):
     """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
     first appearance (token by token), with the physical page of each block and the bitmask of the
     tile's tokens that selected it (int32, bit j = token t0 + j, TQ <= 32); -1 after ``count``.
 
     ``RARE_MAX > 0``: blocks selected by at most ``RARE_MAX`` of the tile's tokens stay out of the
     union; each token's such blocks go to ``RARE [T, Hkv, TOPK]`` instead (compacted, -1 after).
+    ``GROUPED``: the tile's j-th token is ``TOKMAP[tile, g, j]`` (-1: none), not ``t0 + j``.
     """
     pid = tl.program_id(0)
     tile = pid // HKV
@@ -25,8 +27,12 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     NP: tl.constexpr = TQ * TOPK  # a power of two: TQ and TOPK are
     idx = tl.arange(0, NP)
     tok_of = idx // TOPK
-    tok = t0 + tok_of
-    ok = tok < q_end
+    if GROUPED:
+        tok = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + tok_of)
+        ok = tok >= 0
+    else:
+        tok = t0 + tok_of
+        ok = tok < q_end
     ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
     # per id: the bitmask of the tile's tokens that selected it (a token's own ids are distinct);
     # it is a duplicate iff an earlier token's bit is set
@@ -38,8 +44,14 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
         tokmask = tl.zeros([NP], tl.int32)
         slots = tl.arange(0, TOPK)
         for jt in tl.static_range(TQ):
-            row = tl.load(IDS + (t0 + jt).to(tl.int64) * stride_it + g * stride_ih + slots,
-                          mask=(slots * 0 + t0 + jt) < q_end, other=-2)
+            if GROUPED:
+                tj = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + jt)
+                ok_j = tj >= 0
+            else:
+                tj = t0 + jt
+                ok_j = tj < q_end
+            row = tl.load(IDS + tl.maximum(tj, 0).to(tl.int64) * stride_it + g * stride_ih + slots,
+                          mask=(slots * 0 + ok_j.to(tl.int32)) > 0, other=-2)
             hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
             tokmask = tokmask | (hit << jt)
     earlier = tokmask & ((1 << tok_of) - 1)
@@ -54,9 +66,13 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
         col = tl.arange(0, TOPK)[None, :]
         r_slot = tl.cumsum(rare2, axis=1) - 1
         r_cnt = tl.sum(rare2, axis=1)
-        tok2 = t0 + tl.arange(0, TQ)
-        r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
-        tok_ok = (tok2 < q_end)[:, None]
+        if GROUPED:
+            tok2 = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + tl.arange(0, TQ))
+            tok_ok = (tok2 >= 0)[:, None]
+        else:
+            tok2 = t0 + tl.arange(0, TQ)
+            tok_ok = (tok2 < q_end)[:, None]
+        r_base = RARE + tl.maximum(tok2, 0).to(tl.int64)[:, None] * stride_rt + g * stride_rh
         tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
         tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1

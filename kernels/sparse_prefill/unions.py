@@ -43,13 +43,15 @@ class TileUnions:
     token_mask: torch.Tensor
     count: torch.Tensor
     rare_ids: torch.Tensor | None
+    tokmap: torch.Tensor | None = None  # the tile's tokens when regrouped (``group_tiles``)
 
     def __iter__(self):
         return iter((self.union, self.pages, self.count))
 
 
 def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                 tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int, rare_max: int = 0) -> TileUnions:
+                 tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int, rare_max: int = 0,
+                 tokmap: torch.Tensor | None = None) -> TileUnions:
     """Union of the selected blocks of each (tile, KV head), one Triton launch, no host sync.
 
     Distinct logical ids in order of first appearance, their physical pages and the bitmask of the
@@ -70,10 +72,11 @@ def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q:
     rare_arg = rare if rare is not None else count
     _union_kernel[(n_tiles * hkv,)](
         topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, token_mask, count, rare_arg,
+        tokmap if tokmap is not None else count,
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), union.stride(0), union.stride(1),
         rare.stride(0) if rare is not None else 0, rare.stride(1) if rare is not None else 0,
-        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, num_warps=4)
-    return TileUnions(union, pages, token_mask, count, rare)
+        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, GROUPED=tokmap is not None, num_warps=4)
+    return TileUnions(union, pages, token_mask, count, rare, tokmap)
 
 
 RARE_WINDOW = 128  # packed tokens whose rare pairs one program of the window merge pass handles

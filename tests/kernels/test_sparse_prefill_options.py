@@ -38,6 +38,8 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=4, rare_max=1, head_split=4, lazy=True, exp_fma=True, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, block_n=32, maxnreg=128),  # 2-4 steps per block, causal per step
     TileConfig(tile_q=8, rare_max=3, rare_pass="window"),
+    TileConfig(tile_q=8, rare_max=1, group=True, block_n=64),
+    TileConfig(tile_q=4, rare_max=2, group=True, head_split=2),
     TileConfig(tile_q=4, rare_max=2, rare_pass="window", rare_chunk=2, block_n=32),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
@@ -74,6 +76,46 @@ def test_window_rare_pass_matches_reference(paged_case, rare_max, chunk):
     msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                           case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
     _check(case, ids, out, lse)
+
+
+@pytest.mark.parametrize("rare_max", [0, 2])
+def test_grouped_tiles_match_reference(paged_case, rare_max):
+    # several windows of 16 tiles, a partial last window, two requests with a prefix in the cache
+    case = paged_case([300, 70], [1400, 70], hkv=2, group=4, d=64, block=64, dtype=torch.bfloat16, device=DEV,
+                      seed=23)
+    ids = _ids(case, 8)
+    out, lse = _poisoned(case)
+    cfg = TileConfig(tile_q=8, rare_max=rare_max, group=True)
+    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                          case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
+    _check(case, ids, out, lse)
+
+
+def test_group_tiles_kernel_equals_reference_and_is_a_permutation():
+    from kernels.sparse_prefill.grouping import group_tiles, group_tiles_reference
+    gen = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 200, 203, 330], dtype=torch.int32)
+    ids = torch.randint(0, 40, (330, 3, 8), dtype=torch.int32, generator=gen)
+    ids[::5, :, 6:] = -1
+    tiles = tile_table(cu.to(DEV), 330, 8, longest_first=False)
+    got = group_tiles(ids.to(DEV), cu.to(DEV), *tiles, 8)
+    assert torch.equal(got.cpu(), group_tiles_reference(ids, cu, 8).cpu())
+    req, start = tiles[0].cpu(), tiles[1].cpu()
+    for g in range(3):  # every token once, in a tile of its own request's window
+        toks = got[:, g][req >= 0].cpu()
+        assert sorted(toks[toks >= 0].tolist()) == list(range(330))
+        for tile in range(int((req >= 0).sum())):
+            r = int(req[tile])
+            members = toks[tile][toks[tile] >= 0]
+            assert members.numel() and bool(((members >= cu[r]) & (members < cu[r + 1])).all())
+    # a window of identical selections keeps neighbours together; two interleaved kinds get sorted
+    two = torch.zeros((128, 1, 4), dtype=torch.int32)
+    two[0::2, 0] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    two[1::2, 0] = torch.tensor([11, 12, 13, 14], dtype=torch.int32)
+    tiles = tile_table(torch.tensor([0, 128], dtype=torch.int32, device=DEV), 128, 8, longest_first=False)
+    got = group_tiles(two.to(DEV), torch.tensor([0, 128], dtype=torch.int32, device=DEV), *tiles, 8)
+    for tile in range(16):
+        assert len({int(x) % 2 for x in got[tile, 0].tolist()}) == 1  # one kind per tile
 
 
 def test_rare_sort_orders_pairs_by_block_then_token():
