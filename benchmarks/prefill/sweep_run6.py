@@ -32,18 +32,33 @@ from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 
 BN64 = dict(tile_q=8, block_n=64, num_stages=2, maxnreg=128)
-VARIANTS = {  # label -> TileConfig (M3: G = 16, 8-token tiles = 128 rows, 8 warps)
-    "run-6 default: BN 64, cap 128, 2 stages, rare_max 1, neighbour tiles": TileConfig().resolved(16, 128),
-    "regrouped tiles (greedy per 128 tokens), rare_max 1": TileConfig(group=True).resolved(16, 128),
-    "regrouped tiles, rare_max 2": TileConfig(group=True, rare_max=2).resolved(16, 128),
-    "regrouped tiles, rare_max 0": TileConfig(group=True, rare_max=0).resolved(16, 128),
-    "regrouped tiles, rare_max 1, 3 stages": TileConfig(group=True, num_stages=3).resolved(16, 128),
-}
-SWEEP1 = {  # sweep 1 and 2 of run 6 (the run-5 default against 64-key steps / the window rare pass)
-    "base: BN 128, 3 stages, rare_max 2, token pass (run-5 default)": TileConfig(tile_q=8, rare_max=2, block_n=0,
-                                                                                  maxnreg=0),
-    "BN 64, 2 stages, maxnreg 128, rare_max 1, token pass": TileConfig(rare_max=1, **BN64),
-    "BN 64 ..., rare_max 3, window pass": TileConfig(rare_max=3, rare_pass="window", **BN64),
+RUN5 = dict(tile_q=8, block_n=0, maxnreg=0, group=False)  # the run-5 default, spelled out
+VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 rows, 8 warps)
+    "sweep1": {  # run 6, sweep 1: 64-key steps and the register cap
+        "base: BN 128, 3 stages (run-5 default)": TileConfig(rare_max=2, **RUN5),
+        "BN 64, 2 stages, maxnreg 128 (2 programs/SM)": TileConfig(rare_max=2, group=False, **BN64),
+        "BN 64, 3 stages, maxnreg 128 (2 programs/SM)": TileConfig(rare_max=2, group=False, **dict(BN64, num_stages=3)),
+        "BN 64, 3 stages, no cap (163 regs: 1 program/SM)": TileConfig(rare_max=2, group=False,
+                                                                       **dict(BN64, num_stages=3, maxnreg=0)),
+        "BN 64, 2 stages, maxnreg 128, rare_max 1": TileConfig(rare_max=1, group=False, **BN64),
+        "BN 64, 2 stages, maxnreg 128, rare_max 3": TileConfig(rare_max=3, group=False, **BN64),
+        "BN 32, 3 stages, maxnreg 128": TileConfig(rare_max=2, group=False, **dict(BN64, block_n=32, num_stages=3)),
+    },
+    "sweep2": {  # run 6, sweep 2: the window rare pass
+        "base: BN 128, 3 stages, rare_max 2, token pass (run-5 default)": TileConfig(rare_max=2, **RUN5),
+        "BN 64, 2 stages, maxnreg 128, rare_max 1, token pass": TileConfig(rare_max=1, group=False, **BN64),
+        **{f"BN 64 ..., rare_max {r}, window pass": TileConfig(rare_max=r, rare_pass="window", group=False, **BN64)
+           for r in (2, 3, 4)},
+        "BN 64 ..., rare_max 3, window pass, 4-token steps, 4 warps": TileConfig(
+            rare_max=3, rare_pass="window", rare_chunk=4, rare_warps=4, group=False, **BN64),
+        "BN 64 ..., rare_max 5, window pass": TileConfig(rare_max=5, rare_pass="window", group=False, **BN64),
+    },
+    "grouping": {  # run 6, sweeps 3 and 4: regrouped tiles
+        "run-6 default: BN 64, cap 128, 2 stages, rare_max 1, neighbour tiles": TileConfig(group=False),
+        "regrouped tiles (greedy per 128 tokens), rare_max 1": TileConfig(group=True),
+        "regrouped tiles, rare_max 2": TileConfig(group=True, rare_max=2),
+        "regrouped tiles, rare_max 1, 3 stages": TileConfig(group=True, num_stages=3),
+    },
 }
 
 
@@ -122,11 +137,13 @@ def main() -> None:
     extra.add_argument("--sizes", default="131072,65536")
     extra.add_argument("--final", action="store_true", help="the rows with the run-6 defaults (no sweep)")
     extra.add_argument("--grouping", action="store_true", help="time the regrouping kernel alone too")
+    extra.add_argument("--set", default="grouping", choices=sorted(VARIANT_SETS))
     own, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0]] + rest
     args, deadline, peak, info, rows = start_run(240)
     sizes = [int(s) for s in own.sizes.split(",")] if not DRY else [384]
-    variants = VARIANTS if not DRY else dict(list(VARIANTS.items())[:3])
+    variants = {k: v.resolved(16, 128) for k, v in VARIANT_SETS[own.set].items()}
+    variants = variants if not DRY else dict(list(variants.items())[:3])
     save = lambda: Path(args.out, "run6_final.json" if own.final else "run6.json").write_text(  # noqa: E731
         json.dumps(dict(info=info, rows=rows.rows), indent=1))
     if own.final:
@@ -139,8 +156,12 @@ def main() -> None:
             best, good, ids, x = sweep(rows, "m3", t, variants, deadline, analyse=False)
             if own.grouping:
                 tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
-                rows.add(case_label("m3", t), "regrouping kernel alone (group_tiles)",
-                         timed(lambda: group_tiles(ids, x["cu_seqlens_q"], *tiles, 8), 10))
+                want = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8)
+                for warps in (1, 2, 4):
+                    same = torch.equal(group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps), want)
+                    rows.add(case_label("m3", t), f"regrouping kernel alone (group_tiles), {warps} warps",
+                             timed(lambda: group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps), 10),
+                             None, f"same map as 4 warps: {same}")
             rows.add("m3", f"T={t}: fastest correct: {best}", float("nan"), None, json.dumps(good))
             save()
             whole_prefill(rows, "m3", t, variants.get(best), peak, deadline, x=x, ids=ids, dense=False)

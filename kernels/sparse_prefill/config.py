@@ -33,7 +33,9 @@ class TileConfig:
     head, each pair's K/V read for that token alone) or "window" (one program per window of 128
     packed tokens and KV head: the tokens that chose the same rare block share one K/V read, up to
     ``rare_chunk`` tokens per step, 0: ``tile_q``; ``rare_warps``: that pass's warps); group: regroup
-    each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours. Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours
+    (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
+    regrouping kernel's 0.5-1.5 ms included). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -47,7 +49,7 @@ class TileConfig:
     block_n: int | None = None
     maxnreg: int | None = None
     rare_pass: str = "token"
-    group: bool = False
+    group: bool | None = None
     rare_chunk: int = 0
     rare_warps: int | None = None
 
@@ -63,7 +65,7 @@ class TileConfig:
                           num_stages=self.num_stages or default_tile_stages(block_m, block_n),
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
-                          rare_pass=self.rare_pass, group=self.group,
+                          rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps)
 
 

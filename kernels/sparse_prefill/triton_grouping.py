@@ -20,6 +20,17 @@ def _popcount32(x):
 
 
 @triton.jit
+def _token_bits(IDS, t, stride_it, g, stride_ih, TOPK: tl.constexpr, NW: tl.constexpr):
+    """The hashed block set of token ``t`` (``NW`` int32 words), from its ids (an L1/L2 hit)."""
+    slots = tl.arange(0, TOPK)
+    ids = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + slots)
+    h = (((ids.to(tl.int64) * 2654435761) >> 16) & (NW * 32 - 1)).to(tl.int32)
+    words = tl.arange(0, NW)
+    part = tl.where(((h >> 5)[:, None] == words[None, :]) & (ids >= 0)[:, None], 1 << (h & 31)[:, None], 0)
+    return tl.reduce(part, 0, _or)
+
+
+@triton.jit
 def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, stride_mt, stride_mh,
                   HKV: tl.constexpr, TQ: tl.constexpr, NT: tl.constexpr, TOPK: tl.constexpr, NW: tl.constexpr):
     """One program per (tile, KV head); only a window's first tile (its ``NT`` tiles = ``NT * TQ``
@@ -52,7 +63,7 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
     for grp in range(0, n_tiles):
         out_row = TOKMAP + (tile + grp).to(tl.int64) * stride_mt + g * stride_mh
         seed = tl.min(tl.where(taken, W, idx), axis=0)
-        union = tl.reduce(tl.where((idx == seed)[:, None], bm, 0), 0, _or)  # [NW]
+        union = _token_bits(IDS, t0 + seed, stride_it, g, stride_ih, TOPK, NW)  # [NW]
         taken = taken | (idx == seed)
         tl.store(out_row, t0 + seed)
         for s in range(1, TQ):
@@ -60,6 +71,6 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
             score = tl.where(taken, -1, score)
             best = tl.argmax(score, axis=0, tie_break_left=True)
             has = tl.max(score, axis=0) >= 0
-            union = union | tl.reduce(tl.where((idx == best)[:, None], bm, 0), 0, _or)
+            union = union | _token_bits(IDS, t0 + best, stride_it, g, stride_ih, TOPK, NW)
             taken = taken | ((idx == best) & has)
             tl.store(out_row + s, tl.where(has, t0 + best, -1))

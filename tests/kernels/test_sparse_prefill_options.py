@@ -209,7 +209,8 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=2),
     TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=2),
-    TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=3), None])
+    TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=3),
+    TileConfig(group=True, rare_max=2), TileConfig(group=False), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
