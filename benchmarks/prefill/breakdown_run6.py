@@ -21,14 +21,18 @@ from bench_prefill import DEV, DRY, SHAPES, make_inputs, run_info, timed, useful
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
+from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
 from kernels.sparse_prefill.launch import _launch_tile, _launch_token  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
-CONFIGS = {
-    "run-5 default (BN 128, 3 stages, rare_max 2)": TileConfig(tile_q=8, rare_max=2),
-    "BN 64, 2 stages, maxnreg 128, rare_max 1": TileConfig(tile_q=8, rare_max=1, block_n=64, num_stages=2, maxnreg=128),
-    "BN 64, 2 stages, maxnreg 128, rare_max 2": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=2, maxnreg=128),
-}
+CONFIGS = {k: v.resolved(16, 128) for k, v in {
+    "run-5 default (BN 128, 3 stages, rare_max 2)": TileConfig(tile_q=8, rare_max=2, block_n=0, maxnreg=0, group=False),
+    "BN 64, 2 stages, maxnreg 128, rare_max 1": TileConfig(tile_q=8, rare_max=1, block_n=64, num_stages=2, maxnreg=128,
+                                                           group=False),
+    "BN 64, 2 stages, maxnreg 128, rare_max 2": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=2, maxnreg=128,
+                                                           group=False),
+    "run-6 default: the same, rare_max 1, regrouped tiles": TileConfig(),
+}.items()}
 
 
 def main() -> None:
@@ -60,17 +64,22 @@ def main() -> None:
             case = f"m3 T={t // 1024}K {sel_name} selections"
             for label, cfg in CONFIGS.items():
                 tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
-                u = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8, rare_max=cfg.rare_max)
-                tile_only = TileUnions(u.union, u.pages, u.token_mask, u.count, None)
+                tokmap = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8) if cfg.group else None
+                u = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8, rare_max=cfg.rare_max,
+                                 tokmap=tokmap)
+                tile_only = TileUnions(u.union, u.pages, u.token_mask, u.count, None, tokmap)
+                t_g = timed(lambda: group_tiles(ids, x["cu_seqlens_q"], *tiles, 8), 5) if cfg.group else 0.0
                 n_rare = int((u.rare_ids >= 0).sum()) if u.rare_ids is not None else 0
                 t_u = timed(lambda: build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8,
-                                                 rare_max=cfg.rare_max), 5)
+                                                 rare_max=cfg.rare_max, tokmap=tokmap), 5)
                 t_tile = timed(lambda: _launch_tile(*att, ids, out, lse, scale, 8, tiles=tiles, union=tile_only,
                                                     config=cfg), 5)
                 t_rare = timed(lambda: _launch_token(*att, u.rare_ids, out, lse, scale, merge=True,
                                                      num_stages=cfg.rare_stages), 5) if n_rare else 0.0
                 steps = int(u.count[tiles[0] >= 0].sum()) * (shape["block"] // (cfg.block_n or shape["block"]))
                 exec_tile = float(u.count[tiles[0] >= 0].sum()) * 128 * shape["block"] * shape["d"] * 4
+                if cfg.group:
+                    add(case, f"{label}: regrouping", t_g)
                 add(case, f"{label}: union build", t_u)
                 add(case, f"{label}: tile kernel only", t_tile, exec_tile,
                     f"TFLOP/s = executed (all 128 rows x union blocks); {steps} loop steps")
@@ -78,7 +87,7 @@ def main() -> None:
                     add(case, f"{label}: rare merge pass only", t_rare, None,
                         f"{n_rare} rare pairs, {n_rare / max(t_rare, 1e-9) / 1e3:.1f} M pairs/s, "
                         f"{n_rare * 2 * shape['block'] * shape['d'] * 2 / t_rare / 1e9:.2f} TB/s of K/V read")
-                add(case, f"{label}: sum", t_u + t_tile + t_rare, flops, "TFLOP/s useful")
+                add(case, f"{label}: sum", t_g + t_u + t_tile + t_rare, flops, "TFLOP/s useful")
         del x, real, shared, out, lse
         if not DRY:
             torch.cuda.empty_cache()

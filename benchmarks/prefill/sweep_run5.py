@@ -73,7 +73,7 @@ def attention_fn(x, ids, cfg, out, lse, scale):
     tiles = tile_table(x["cu_seqlens_q"], t, cfg.tile_q, longest_first=False)
 
     def fn():  # union build (and the regrouping, if on) included, as in run 4
-        tokmap = group_tiles(ids, x["cu_seqlens_q"], *tiles, cfg.tile_q) if cfg.group else None
+        tokmap = group_tiles(ids, x["cu_seqlens_q"], *tiles, cfg.tile_q, words=cfg.group_words) if cfg.group else None
         union = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, cfg.tile_q, rare_max=cfg.rare_max,
                              tokmap=tokmap)
         _launch_tile(*args, ids, out, lse, scale, cfg.tile_q, tiles=tiles, union=union, config=cfg)

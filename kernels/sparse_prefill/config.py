@@ -35,7 +35,8 @@ class TileConfig:
     ``rare_chunk`` tokens per step, 0: ``tile_q``; ``rare_warps``: that pass's warps); group: regroup
     each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
-    regrouping kernel's 0.5-1.5 ms included). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
+    the regrouping compares. Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -50,6 +51,7 @@ class TileConfig:
     maxnreg: int | None = None
     rare_pass: str = "token"
     group: bool | None = None
+    group_words: int = 8
     rare_chunk: int = 0
     rare_warps: int | None = None
 
@@ -66,6 +68,7 @@ class TileConfig:
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
+                          group_words=self.group_words,
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps)
 
 

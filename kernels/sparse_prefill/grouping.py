@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 
 WINDOW_TILES = 16  # tiles per regrouped window: 128 tokens = one 128-key block at 8-token tiles
-HASH_WORDS = 8  # a token's blocks hashed into 8 x 32 bits
+HASH_WORDS = 8  # a token's blocks hashed into 8 x 32 bits (a power of two)
 
 
 def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor,
-                tile_start: torch.Tensor, tile_q: int, num_warps: int = 1) -> torch.Tensor:
+                tile_start: torch.Tensor, tile_q: int, num_warps: int = 1, words: int = HASH_WORDS) -> torch.Tensor:
     """int32 ``[tiles, Hkv, tile_q]``: the tokens of each (tile, KV head), -1 for empty slots.
 
     One Triton launch, no host sync; ``tile_req`` / ``tile_start`` from ``tile_table(...,
@@ -26,19 +26,20 @@ def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: to
     tokmap = torch.full((n_tiles, hkv, tile_q), -1, dtype=torch.int32, device=topk_ids.device)
     _group_kernel[(n_tiles * hkv,)](topk_ids, cu_seqlens_q, tile_req, tile_start, tokmap,
                                     topk_ids.stride(0), topk_ids.stride(1), tokmap.stride(0), tokmap.stride(1),
-                                    HKV=hkv, TQ=tile_q, NT=WINDOW_TILES, TOPK=k, NW=HASH_WORDS, num_warps=num_warps)
+                                    HKV=hkv, TQ=tile_q, NT=WINDOW_TILES, TOPK=k, NW=words, num_warps=num_warps)
     return tokmap
 
 
-def _hash_bits(ids: list[int]) -> int:
+def _hash_bits(ids: list[int], words: int) -> int:
     bits = 0
     for b in ids:
         if b >= 0:
-            bits |= 1 << (((b * 2654435761) >> 16) & (HASH_WORDS * 32 - 1))
+            bits |= 1 << (((b * 2654435761) >> 16) & (words * 32 - 1))
     return bits
 
 
-def group_tiles_reference(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_q: int) -> torch.Tensor:
+def group_tiles_reference(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_q: int,
+                          words: int = HASH_WORDS) -> torch.Tensor:
     """Python reference of ``group_tiles`` over the tile table of ``tile_table(longest_first=False)``."""
     from kernels._common.tiles import tile_table
 
@@ -52,7 +53,7 @@ def group_tiles_reference(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, ti
             continue
         toks = list(range(t0, min(cu[req + 1], t0 + WINDOW_TILES * tile_q)))
         for g in range(hkv):
-            bits = [_hash_bits(ids[x][g]) for x in toks]
+            bits = [_hash_bits(ids[x][g], words) for x in toks]
             left = set(range(len(toks)))
             for grp in range(-(-len(toks) // tile_q)):
                 seed = min(left)

@@ -62,7 +62,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
-        tokmap = group_tiles(topk_ids, cu_seqlens_q, tile_req, tile_start, tile_q) if cfg.group else None
+        tokmap = group_tiles(topk_ids, cu_seqlens_q, tile_req, tile_start, tile_q, words=cfg.group_words) if cfg.group else None
         union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max,
                              tokmap=tokmap)
     _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](

@@ -123,7 +123,7 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
         return out, lse
     tiles = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, tile_q) if cfg.group else None
+    tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, tile_q, words=cfg.group_words) if cfg.group else None
     union = build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, tile_q, rare_max=rare_max, tokmap=tokmap)
     flag = None
     if design != "tile":
