@@ -60,7 +60,7 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
         "regrouped tiles, rare_max 1, 3 stages": TileConfig(group=True, num_stages=3),
     },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
-        "regrouped tiles, 8 hash words (default)": TileConfig(group=True),
+        "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),
         "regrouped tiles, 2 hash words": TileConfig(group=True, group_words=2),
     },
@@ -162,7 +162,7 @@ def main() -> None:
             if own.grouping:
                 tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
                 want = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8)
-                for warps, words in ((1, 8), (2, 8), (4, 8), (1, 4), (1, 2)):
+                for warps, words in ((1, 8), (2, 8), (4, 8), (1, 4), (1, 2)):  # run 6's default was 8 words
                     same = torch.equal(group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps, words=words),
                                        want)
                     rows.add(case_label("m3", t), f"regrouping kernel alone (group_tiles), {warps} warps, {words} words",

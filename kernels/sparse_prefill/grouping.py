@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 WINDOW_TILES = 16  # tiles per regrouped window: 128 tokens = one 128-key block at 8-token tiles
-HASH_WORDS = 8  # a token's blocks hashed into 8 x 32 bits (a power of two)
+HASH_WORDS = 4  # a token's blocks hashed into 4 x 32 bits (a power of two; TileConfig.group_words)
 
 
 def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor,
@@ -17,8 +17,9 @@ def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: to
 
     One Triton launch, no host sync; ``tile_req`` / ``tile_start`` from ``tile_table(...,
     longest_first=False)`` (a request's tiles adjacent, in order). One warp per window is the
-    fastest measured (H200, M3 64K: 0.54 ms, 2 warps 0.67, 4 warps 0.79; run 6): the greedy is a
-    chain of 128 dependent picks per window, so more programs in flight beat wider ones."""
+    fastest measured (H200, M3 64K, 8 words: 0.54-0.60 ms, 2 warps 0.67-0.71, 4 warps 0.79-0.85; 4
+    words 0.40, 2 words 0.31; run 6): the greedy is a chain of 128 dependent picks per window, so
+    more programs in flight beat wider ones."""
     from kernels.sparse_prefill.triton_grouping import _group_kernel
 
     t, hkv, k = topk_ids.shape
