@@ -29,15 +29,16 @@ class TileConfig:
     choice; applied on Hopper and newer only); with 128-row tiles the defaults are 64 keys per step,
     a 128-register cap, 2 stages and rare_max 1: two 8-warp programs fit on an SM (98 KB of shared
     memory, 128 x 256 registers each) and one's softmax overlaps the other's MMAs (run 6: 64K 15.13 ->
-    14.06-14.41 ms, 128K 31.85 -> 30.05-30.45 ms; the tile loop 419 -> 483 TFLOP/s executed); rare_pass: how the rare pairs are added, "token" (one program per token and KV
-    head, each pair's K/V read for that token alone) or "window" (one program per window of 128
-    packed tokens and KV head: the tokens that chose the same rare block share one K/V read, up to
-    ``rare_chunk`` tokens per step, 0: ``tile_q``; ``rare_warps``: that pass's warps); group: regroup
+    14.06-14.41 ms, 128K 31.85 -> 30.05-30.45 ms; the tile loop 419 -> 483 TFLOP/s executed);
+    rare_pass: how the rare pairs are added, "token" (one program per token and KV head, each pair's
+    K/V read for that token alone) or "window" (one program per window of 128 packed tokens and KV
+    head: the tokens that chose the same rare block share one K/V read, up to ``rare_chunk`` tokens
+    per step, 0: ``tile_q``; ``rare_warps``: that pass's warps; measured 30-90% slower: opt-in); group: regroup
     each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
     regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
-    the regrouping compares. Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
-    was not slower, so it is the one on by default.
+    the regrouping compares. Run 5 (RESULTS.md) measured the softmax and split options; only
+    ``exp_fma`` was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
     rare_max: int | None = None
@@ -51,7 +52,7 @@ class TileConfig:
     maxnreg: int | None = None
     rare_pass: str = "token"
     group: bool | None = None
-    group_words: int = 4  # run 6: 0.40 vs 0.60 ms regrouping at 64K, the attention as fast (28.37 ms at 128K either way)
+    group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
     rare_chunk: int = 0
     rare_warps: int | None = None
 

@@ -62,7 +62,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
-        tokmap = group_tiles(topk_ids, cu_seqlens_q, tile_req, tile_start, tile_q, words=cfg.group_words) if cfg.group else None
+        tokmap = (group_tiles(topk_ids, cu_seqlens_q, tile_req, tile_start, tile_q, words=cfg.group_words)
+                  if cfg.group else None)
         union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max,
                              tokmap=tokmap)
     _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
@@ -74,7 +75,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * _LOG2E,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_block_m(tile_q, group, cfg.head_split), D=d, B=block,
         UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
-        GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+        GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **extra)
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)
@@ -97,13 +99,15 @@ def _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_
     keys, count = sort_rare_pairs(rare_ids)
     block_m = max(16, triton_next_pow2(cfg.rare_chunk * group))
     n_items = keys.shape[0] * hkv
-    n_prog = min(n_items, 4 if interpreting() else 2 * torch.cuda.get_device_properties(q.device).multi_processor_count)
+    sms = 2 if interpreting() else torch.cuda.get_device_properties(q.device).multi_processor_count
+    n_prog = min(n_items, 2 * sms)  # persistent: two programs per SM, each with its own scratch
     scr_o = torch.empty((n_prog, RARE_WINDOW * group, d), dtype=torch.float32, device=q.device)
     scr_l = torch.empty((n_prog, RARE_WINDOW * group), dtype=torch.float32, device=q.device)
     _rare_window_kernel[(n_prog,)](
         q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, token_requests(cu_seqlens_q, t), keys, count,
-        out, lse, scr_o, scr_l, n_items, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0), out.stride(0), out.stride(1),
+        out, lse, scr_o, scr_l, n_items, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+        out.stride(0), out.stride(1),
         keys.stride(0), keys.stride(1), scale * _LOG2E, HKV=hkv, G=group, CH=cfg.rare_chunk, BLOCK_M=block_m,
         D=d, B=block, WIN=RARE_WINDOW, UPCAST=interpreting(), EXP_FMA=cfg.exp_fma, BN=cfg.block_n,
         num_warps=cfg.rare_warps or (8 if block_m >= 128 else 4), num_stages=1)
