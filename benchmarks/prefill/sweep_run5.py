@@ -287,6 +287,11 @@ def main() -> None:
         if not DRY:
             torch.cuda.empty_cache()
         save()
+    print_rows(rows)
+
+
+def print_rows(rows: Rows) -> None:
+    """The run's rows as one fixed-width table (the end of every run-5/6 sweep's log)."""
     for rw in rows.rows:
         print(f"{rw['case'][:22]:<22} {rw['stage'][:70]:<70} {rw['ms']:>9.3f} {rw['tflops'] or '':>6} "
               f"{rw['frac_peak'] or '':>5} {rw['note'][:100]}")

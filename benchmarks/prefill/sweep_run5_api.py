@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_prefill import DEV, DRY, SHAPES, make_inputs, reps_for, timed, useful_attention_flops  # noqa: E402
-from sweep_run5 import case_label, start_run  # noqa: E402
+from sweep_run5 import case_label, print_rows, start_run  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.sparse_prefill import msa_prefill_attention  # noqa: E402
@@ -129,9 +129,7 @@ def main() -> None:
         if not DRY:
             torch.cuda.empty_cache()
         Path(args.out, "run5_api.json").write_text(json.dumps(dict(info=info, rows=rows.rows), indent=1))
-    for rw in rows.rows:
-        print(f"{rw['case'][:22]:<22} {rw['stage'][:66]:<66} {rw['ms']:>9.3f} {rw['tflops'] or '':>6} "
-              f"{rw['frac_peak'] or '':>5} {rw['note'][:60]}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

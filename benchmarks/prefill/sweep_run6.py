@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_prefill import DEV, DRY, SHAPES, make_inputs, reps_for, timed  # noqa: E402
-from sweep_run5 import case_label, start_run, sweep, whole_prefill  # noqa: E402
+from sweep_run5 import case_label, print_rows, start_run, sweep, whole_prefill  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.indexer.op import _launch_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
@@ -178,9 +178,7 @@ def main() -> None:
         if not DRY:
             torch.cuda.empty_cache()
         save()
-    for rw in rows.rows:
-        print(f"{rw['case'][:22]:<22} {rw['stage'][:70]:<70} {rw['ms']:>9.3f} {rw['tflops'] or '':>6} "
-              f"{rw['frac_peak'] or '':>5} {rw['note'][:100]}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

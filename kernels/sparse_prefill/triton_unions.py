@@ -6,6 +6,19 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile_token(TOKMAP, tile, g, j, t0, q_end, HKV: tl.constexpr, TQ: tl.constexpr, GROUPED: tl.constexpr):
+    """The tile's ``j``-th token (scalar or vector ``j``) and whether it exists: ``TOKMAP[tile, g, j]``
+    when regrouped (-1: none), else ``t0 + j`` inside the request. The token is clamped to >= 0."""
+    if GROUPED:
+        tok = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + j)
+        ok = tok >= 0
+    else:
+        tok = t0 + j
+        ok = tok < q_end
+    return tl.maximum(tok, 0), ok
+
+
+@triton.jit
 def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE, TOKMAP,
                   stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
                   HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr,
@@ -27,12 +40,7 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     NP: tl.constexpr = TQ * TOPK  # a power of two: TQ and TOPK are
     idx = tl.arange(0, NP)
     tok_of = idx // TOPK
-    if GROUPED:
-        tok = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + tok_of)
-        ok = tok >= 0
-    else:
-        tok = t0 + tok_of
-        ok = tok < q_end
+    tok, ok = _tile_token(TOKMAP, tile, g, tok_of, t0, q_end, HKV, TQ, GROUPED)
     ids = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + idx % TOPK, mask=ok, other=-1)
     # per id: the bitmask of the tile's tokens that selected it (a token's own ids are distinct);
     # it is a duplicate iff an earlier token's bit is set
@@ -44,13 +52,8 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
         tokmask = tl.zeros([NP], tl.int32)
         slots = tl.arange(0, TOPK)
         for jt in tl.static_range(TQ):
-            if GROUPED:
-                tj = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + jt)
-                ok_j = tj >= 0
-            else:
-                tj = t0 + jt
-                ok_j = tj < q_end
-            row = tl.load(IDS + tl.maximum(tj, 0).to(tl.int64) * stride_it + g * stride_ih + slots,
+            tj, ok_j = _tile_token(TOKMAP, tile, g, jt, t0, q_end, HKV, TQ, GROUPED)
+            row = tl.load(IDS + tj.to(tl.int64) * stride_it + g * stride_ih + slots,
                           mask=(slots * 0 + ok_j.to(tl.int32)) > 0, other=-2)
             hit = tl.max((ids[:, None] == row[None, :]).to(tl.int32), axis=1)
             tokmask = tokmask | (hit << jt)
@@ -66,13 +69,9 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
         col = tl.arange(0, TOPK)[None, :]
         r_slot = tl.cumsum(rare2, axis=1) - 1
         r_cnt = tl.sum(rare2, axis=1)
-        if GROUPED:
-            tok2 = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + tl.arange(0, TQ))
-            tok_ok = (tok2 >= 0)[:, None]
-        else:
-            tok2 = t0 + tl.arange(0, TQ)
-            tok_ok = (tok2 < q_end)[:, None]
-        r_base = RARE + tl.maximum(tok2, 0).to(tl.int64)[:, None] * stride_rt + g * stride_rh
+        tok2, ok2 = _tile_token(TOKMAP, tile, g, tl.arange(0, TQ), t0, q_end, HKV, TQ, GROUPED)
+        tok_ok = ok2[:, None]
+        r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
         tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
         tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
