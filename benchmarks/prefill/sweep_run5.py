@@ -31,9 +31,8 @@ from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.indexer.op import _launch_indexer  # noqa: E402
 from kernels.sparse_prefill import msa_prefill_attention  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig, tile_block_m  # noqa: E402
-from kernels.sparse_prefill.launch import _launch_tile  # noqa: E402
+from kernels.sparse_prefill.launch import _launch_tile, tile_unions_for  # noqa: E402
 from kernels.sparse_prefill.naive import _chunk_attention  # noqa: E402
-from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
 from kernels.sparse_prefill.unions import build_unions  # noqa: E402
 
 VARIANTS = {  # label -> TileConfig (M3: G = 16)
@@ -73,9 +72,7 @@ def attention_fn(x, ids, cfg, out, lse, scale):
     tiles = tile_table(x["cu_seqlens_q"], t, cfg.tile_q, longest_first=False)
 
     def fn():  # union build (and the regrouping, if on) included, as in run 4
-        tokmap = group_tiles(ids, x["cu_seqlens_q"], *tiles, cfg.tile_q, words=cfg.group_words) if cfg.group else None
-        union = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, cfg.tile_q, rare_max=cfg.rare_max,
-                             tokmap=tokmap)
+        union = tile_unions_for(cfg, ids, x["page_table"], x["cu_seqlens_q"], tiles)
         _launch_tile(*args, ids, out, lse, scale, cfg.tile_q, tiles=tiles, union=union, config=cfg)
     return fn
 

@@ -62,10 +62,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
-        tokmap = (group_tiles(topk_ids, cu_seqlens_q, tile_req, tile_start, tile_q, words=cfg.group_words)
-                  if cfg.group else None)
-        union = build_unions(topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, tile_q, rare_max=cfg.rare_max,
-                             tokmap=tokmap)
+        union = tile_unions_for(cfg, topk_ids, page_table, cu_seqlens_q, (tile_req, tile_start))
     _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
         q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
         union.union, union.pages, union.token_mask, union.count, out, lse,
@@ -86,6 +83,13 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     elif union.rare_ids is not None:
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                       merge=True, num_stages=cfg.rare_stages)
+
+
+def tile_unions_for(cfg: TileConfig, topk_ids, page_table, cu_seqlens_q, tiles) -> TileUnions:
+    """The unions the tile kernel loops over for a resolved ``cfg``: tiles regrouped first if
+    ``cfg.group``, rare blocks split off at ``cfg.rare_max``."""
+    tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, cfg.tile_q, words=cfg.group_words) if cfg.group else None
+    return build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, cfg.tile_q, rare_max=cfg.rare_max, tokmap=tokmap)
 
 
 def _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,

@@ -12,8 +12,7 @@ from kernels._common.validate import check_choice, check_lengths, check_size, ch
 from kernels.sparse_prefill import naive
 from kernels.sparse_prefill.config import (TileConfig, default_rare_max, default_tile_q,
                                            default_tile_stages, prefer_tile, tile_flag, triton_next_pow2)
-from kernels.sparse_prefill.grouping import group_tiles
-from kernels.sparse_prefill.launch import _launch_tile, _launch_token
+from kernels.sparse_prefill.launch import _launch_tile, _launch_token, tile_unions_for
 from kernels.sparse_prefill.unions import TileUnions, build_unions, tile_unions
 
 __all__ = ["msa_prefill_attention", "TileConfig", "TileUnions", "build_unions", "tile_unions", "prefer_tile",
@@ -123,8 +122,7 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
         return out, lse
     tiles = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, tile_q, words=cfg.group_words) if cfg.group else None
-    union = build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, tile_q, rare_max=rare_max, tokmap=tokmap)
+    union = tile_unions_for(cfg, topk_ids, page_table, cu_seqlens_q, tiles)
     flag = None
     if design != "tile":
         flag = tile_flag(union.count, union.rare_ids, tiles[0], topk_ids.shape[2], tile_q, group)
