@@ -59,6 +59,12 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
         "regrouped tiles, rare_max 2": TileConfig(group=True, rare_max=2),
         "regrouped tiles, rare_max 1, 3 stages": TileConfig(group=True, num_stages=3),
     },
+    "list": {  # run 6, sweep 6: the rare pass persistent over the compact list of items with rare blocks
+        "regrouped, per-item rare pass (default)": TileConfig(),
+        "regrouped, listed rare pass, 2 stages": TileConfig(rare_list=True),
+        "regrouped, listed rare pass, 1 stage": TileConfig(rare_list=True, rare_stages=1),
+        "regrouped, listed rare pass, rare_max 2": TileConfig(rare_list=True, rare_max=2),
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),

@@ -37,7 +37,8 @@ class TileConfig:
     each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
     regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
-    the regrouping compares. Run 5 (RESULTS.md) measured the softmax and split options; only
+    the regrouping compares; rare_list: the per-token rare pass runs persistent over the compact list
+    of the (token, KV head) items that have rare blocks instead of one program per item. Run 5 (RESULTS.md) measured the softmax and split options; only
     ``exp_fma`` was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -52,6 +53,7 @@ class TileConfig:
     maxnreg: int | None = None
     rare_pass: str = "token"
     group: bool | None = None
+    rare_list: bool = False
     group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
     rare_chunk: int = 0
     rare_warps: int | None = None
@@ -69,7 +71,7 @@ class TileConfig:
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
-                          group_words=self.group_words,
+                          group_words=self.group_words, rare_list=self.rare_list,
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps)
 
 

@@ -80,16 +80,39 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     elif union.rare_ids is not None and cfg.rare_pass == "window":
         _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse,
                             scale, cfg)
+    elif union.rare_list is not None:
+        _launch_token_list(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union, out, lse, scale,
+                           cfg.rare_stages)
     elif union.rare_ids is not None:
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                       merge=True, num_stages=cfg.rare_stages)
+
+
+def _launch_token_list(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union: TileUnions, out, lse,
+                       scale, num_stages):
+    """The rare merge pass over ``union.rare_list``: a persistent grid (4 programs per SM)."""
+    from kernels.sparse_prefill.triton_sparse_attention import _token_list_kernel
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    rare = union.rare_ids
+    sms = 2 if interpreting() else torch.cuda.get_device_properties(q.device).multi_processor_count
+    _token_list_kernel[(min(t * hkv, 4 * sms),)](
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, token_requests(cu_seqlens_q, t), rare, out, lse,
+        union.rare_list, union.rare_count, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
+        out.stride(0), out.stride(1), rare.stride(0), rare.stride(1), scale * _LOG2E, HKV=hkv, G=group,
+        GP=max(16, triton_next_pow2(group)), D=d, B=block, TOPK=rare.shape[2], UPCAST=interpreting(),
+        num_warps=4, num_stages=num_stages)
 
 
 def tile_unions_for(cfg: TileConfig, topk_ids, page_table, cu_seqlens_q, tiles) -> TileUnions:
     """The unions the tile kernel loops over for a resolved ``cfg``: tiles regrouped first if
     ``cfg.group``, rare blocks split off at ``cfg.rare_max``."""
     tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, cfg.tile_q, words=cfg.group_words) if cfg.group else None
-    return build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, cfg.tile_q, rare_max=cfg.rare_max, tokmap=tokmap)
+    return build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, cfg.tile_q, rare_max=cfg.rare_max, tokmap=tokmap,
+                        rare_list=cfg.rare_list)
 
 
 def _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,

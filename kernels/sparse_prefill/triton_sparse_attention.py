@@ -64,41 +64,12 @@ def _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc):
 
 
 @triton.jit
-def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
+def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, merge,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_rt, stride_rh, qk_scale,
-                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
-                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False,
-                  GATED: tl.constexpr = False, HAS_RARE: tl.constexpr = False):
-    """``MERGE``: ``OUT``/``LSE`` already hold attention over other blocks (the tile kernel's common
-    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written.
-    ``GATED``: merge over ``RARE`` when ``FLAG`` is 1 (nothing to do without ``HAS_RARE``), plain
-    attention over ``IDS`` when it is 0."""
-    pid = tl.program_id(0)
-    t = pid // HKV
-    g = pid % HKV
-    slots = tl.arange(0, TOPK)
-    req = tl.load(TOK_REQ + t)  # independent of the loads below: one round trip for all of them
-    if GATED:  # the flag and both id rows in one round trip, then the choice
-        flag = tl.load(FLAG)
-        ids_vals = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + slots)
-        if HAS_RARE:
-            rare_vals = tl.load(RARE + t.to(tl.int64) * stride_rt + g * stride_rh + slots)
-        else:
-            rare_vals = tl.full([TOPK], -1, tl.int32)
-        merge = flag != 0
-        n_valid = tl.sum((tl.where(merge, rare_vals, ids_vals) >= 0).to(tl.int32), axis=0)
-        if merge:
-            id_row = RARE + t.to(tl.int64) * stride_rt + g * stride_rh
-        else:
-            id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
-    else:
-        merge = MERGE
-        id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
-        n_valid = tl.sum((tl.load(id_row + slots) >= 0).to(tl.int32), axis=0)
-    if merge:
-        if n_valid == 0:
-            return
+                  stride_pt, stride_ot, stride_oh, qk_scale, HKV: tl.constexpr, G: tl.constexpr,
+                  GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr):
+    """Attention of token ``t``'s group ``g`` (rows = its G heads) over the ``n_valid`` blocks at
+    ``id_row``; ``merge``: start from the normalised ``OUT`` / ``LSE`` already there."""
     q_beg = tl.load(CUQ + req)
     pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
 
@@ -135,6 +106,69 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
         visible = (blk * B + offs_b <= pos)[None, :]
         m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
     _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc)
+
+
+@triton.jit
+def _token_list_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, RARE, OUT, LSE, RLIST, RCOUNT,
+                       stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                       stride_pt, stride_ot, stride_oh, stride_rt, stride_rh, qk_scale,
+                       HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
+                       TOPK: tl.constexpr, UPCAST: tl.constexpr):
+    """The rare-pair merge pass over the compact list of the (token, KV head) items that have rare
+    blocks (written by the union kernel, ``RCOUNT`` of them), persistent: no program is spent on the
+    items without any, which at rare_max 1 with regrouped tiles are ~3 of 4."""
+    slots = tl.arange(0, TOPK)
+    for i in range(tl.program_id(0), tl.load(RCOUNT), tl.num_programs(0)):
+        item = tl.load(RLIST + i)
+        t = item // HKV
+        g = item % HKV
+        req = tl.load(TOK_REQ + t)
+        id_row = RARE + t.to(tl.int64) * stride_rt + g * stride_rh
+        n_valid = tl.sum((tl.load(id_row + slots) >= 0).to(tl.int32), axis=0)
+        _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, True,
+                      stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                      stride_pt, stride_ot, stride_oh, qk_scale, HKV, G, GP, D, B, UPCAST)
+
+
+@triton.jit
+def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
+                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_rt, stride_rh, qk_scale,
+                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
+                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False,
+                  GATED: tl.constexpr = False, HAS_RARE: tl.constexpr = False):
+    """``MERGE``: ``OUT``/``LSE`` already hold attention over other blocks (the tile kernel's common
+    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written.
+    ``GATED``: merge over ``RARE`` when ``FLAG`` is 1 (nothing to do without ``HAS_RARE``), plain
+    attention over ``IDS`` when it is 0."""
+    pid = tl.program_id(0)
+    t = pid // HKV
+    g = pid % HKV
+    slots = tl.arange(0, TOPK)
+    req = tl.load(TOK_REQ + t)  # independent of the loads below: one round trip for all of them
+    if GATED:  # the flag and both id rows in one round trip, then the choice
+        flag = tl.load(FLAG)
+        ids_vals = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + slots)
+        if HAS_RARE:
+            rare_vals = tl.load(RARE + t.to(tl.int64) * stride_rt + g * stride_rh + slots)
+        else:
+            rare_vals = tl.full([TOPK], -1, tl.int32)
+        merge = flag != 0
+        n_valid = tl.sum((tl.where(merge, rare_vals, ids_vals) >= 0).to(tl.int32), axis=0)
+        if merge:
+            id_row = RARE + t.to(tl.int64) * stride_rt + g * stride_rh
+        else:
+            id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
+    else:
+        merge = MERGE
+        id_row = IDS + t.to(tl.int64) * stride_it + g * stride_ih
+        n_valid = tl.sum((tl.load(id_row + slots) >= 0).to(tl.int32), axis=0)
+    if merge:
+        if n_valid == 0:
+            return
+    _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, merge,
+                  stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                  stride_pt, stride_ot, stride_oh, qk_scale, HKV, G, GP, D, B, UPCAST)
 
 
 @triton.jit

@@ -19,10 +19,10 @@ def _tile_token(TOKMAP, tile, g, j, t0, q_end, HKV: tl.constexpr, TQ: tl.constex
 
 
 @triton.jit
-def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE, TOKMAP,
+def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE, TOKMAP, RLIST, RCOUNT,
                   stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
                   HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr,
-                  GROUPED: tl.constexpr = False):
+                  GROUPED: tl.constexpr = False, LIST: tl.constexpr = False):
     """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
     first appearance (token by token), with the physical page of each block and the bitmask of the
     tile's tokens that selected it (int32, bit j = token t0 + j, TQ <= 32); -1 after ``count``.
@@ -30,6 +30,8 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     ``RARE_MAX > 0``: blocks selected by at most ``RARE_MAX`` of the tile's tokens stay out of the
     union; each token's such blocks go to ``RARE [T, Hkv, TOPK]`` instead (compacted, -1 after).
     ``GROUPED``: the tile's j-th token is ``TOKMAP[tile, g, j]`` (-1: none), not ``t0 + j``.
+    ``LIST``: each (token, KV head) with rare blocks is also appended (``token * HKV + g``) to
+    ``RLIST``, its length counted in ``RCOUNT`` (one atomic add per tile; the order varies).
     """
     pid = tl.program_id(0)
     tile = pid // HKV
@@ -74,6 +76,10 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
         r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
         tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
         tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
+        if LIST:
+            has = ok2 & (r_cnt > 0)
+            base = tl.atomic_add(RCOUNT, tl.sum(has.to(tl.int32), axis=0))
+            tl.store(RLIST + base + tl.cumsum(has.to(tl.int32), axis=0) - 1, tok2 * HKV + g, mask=has)
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     count = tl.sum(keep.to(tl.int32), axis=0)
     page = tl.load(PT + tl.maximum(req, 0).to(tl.int64) * stride_pt + ids, mask=keep, other=0)

@@ -44,6 +44,8 @@ class TileUnions:
     count: torch.Tensor
     rare_ids: torch.Tensor | None
     tokmap: torch.Tensor | None = None  # the tile's tokens when regrouped (``group_tiles``)
+    rare_list: torch.Tensor | None = None  # int32 [T * Hkv]: token * Hkv + g of the items with rare blocks
+    rare_count: torch.Tensor | None = None  # int32 [1]: how many of rare_list are written
 
     def __iter__(self):
         return iter((self.union, self.pages, self.count))
@@ -51,7 +53,7 @@ class TileUnions:
 
 def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int, rare_max: int = 0,
-                 tokmap: torch.Tensor | None = None) -> TileUnions:
+                 tokmap: torch.Tensor | None = None, rare_list: bool = False) -> TileUnions:
     """Union of the selected blocks of each (tile, KV head), one Triton launch, no host sync.
 
     Distinct logical ids in order of first appearance, their physical pages and the bitmask of the
@@ -70,13 +72,18 @@ def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q:
     count = torch.empty((n_tiles, hkv), dtype=torch.int32, device=dev)
     rare = torch.empty((t, hkv, k), dtype=torch.int32, device=dev) if rare_max > 0 else None
     rare_arg = rare if rare is not None else count
+    listed = rare is not None and rare_list
+    rlist = torch.empty(t * hkv if listed else 1, dtype=torch.int32, device=dev)
+    rcount = torch.zeros(1, dtype=torch.int32, device=dev)
     _union_kernel[(n_tiles * hkv,)](
         topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, token_mask, count, rare_arg,
-        tokmap if tokmap is not None else count,
+        tokmap if tokmap is not None else count, rlist, rcount,
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), union.stride(0), union.stride(1),
         rare.stride(0) if rare is not None else 0, rare.stride(1) if rare is not None else 0,
-        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, GROUPED=tokmap is not None, num_warps=4)
-    return TileUnions(union, pages, token_mask, count, rare, tokmap)
+        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, GROUPED=tokmap is not None, LIST=listed,
+        num_warps=4)
+    return TileUnions(union, pages, token_mask, count, rare, tokmap, rlist if listed else None,
+                      rcount if listed else None)
 
 
 RARE_WINDOW = 128  # packed tokens whose rare pairs one program of the window merge pass handles

@@ -40,6 +40,8 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=8, rare_max=3, rare_pass="window"),
     TileConfig(tile_q=8, rare_max=1, group=True, block_n=64),
     TileConfig(tile_q=4, rare_max=2, group=True, head_split=2),
+    TileConfig(tile_q=8, rare_max=3, group=True, rare_list=True, rare_stages=1),
+    TileConfig(tile_q=8, rare_max=1, rare_list=True),
     TileConfig(tile_q=4, rare_max=2, rare_pass="window", rare_chunk=2, block_n=32),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
@@ -118,6 +120,16 @@ def test_group_tiles_kernel_equals_reference_and_is_a_permutation():
     got = group_tiles(two.to(DEV), torch.tensor([0, 128], dtype=torch.int32, device=DEV), *tiles, 8)
     for tile in range(16):
         assert len({int(x) % 2 for x in got[tile, 0].tolist()}) == 1  # one kind per tile
+
+
+def test_rare_list_names_each_item_with_rare_blocks_once(paged_case):
+    case = paged_case([300, 70], [1400, 70], hkv=2, group=4, d=64, block=64, device=DEV, seed=29)
+    ids = _ids(case, 8)
+    tiles = tile_table(case["cu_seqlens_q"], 370, 8, longest_first=False)
+    u = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8, rare_max=2, rare_list=True)
+    listed = u.rare_list[:int(u.rare_count)].tolist()
+    want = {t * 2 + g for t in range(370) for g in range(2) if int(u.rare_ids[t, g, 0]) >= 0}
+    assert len(listed) == len(set(listed)) and set(listed) == want and want
 
 
 def test_rare_sort_orders_pairs_by_block_then_token():
@@ -212,7 +224,8 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=2),
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=3),
-    TileConfig(group=True, rare_max=2), TileConfig(group=False), None])
+    TileConfig(group=True, rare_max=2), TileConfig(group=False), TileConfig(rare_list=True),
+    TileConfig(rare_list=True, rare_stages=1), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
