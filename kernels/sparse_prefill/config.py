@@ -38,7 +38,8 @@ class TileConfig:
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
     regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
     the regrouping compares; rare_list: the per-token rare pass runs persistent over the compact list
-    of the (token, KV head) items that have rare blocks instead of one program per item. Run 5 (RESULTS.md) measured the softmax and split options; only
+    of the (token, KV head) items that have rare blocks instead of one program per item (run 6: 1-5%
+    slower, opt-in). Run 5 (RESULTS.md) measured the softmax and split options; only
     ``exp_fma`` was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
