@@ -11,8 +11,8 @@ WINDOW_TILES = 16  # tiles per regrouped window: 128 tokens = one 128-key block 
 HASH_WORDS = 4  # a token's blocks hashed into 4 x 32 bits (a power of two; TileConfig.group_words)
 
 
-def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor,
-                tile_start: torch.Tensor, tile_q: int, num_warps: int = 1, words: int = HASH_WORDS) -> torch.Tensor:
+def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
+                tile_q: int, num_warps: int = 1, words: int = HASH_WORDS) -> torch.Tensor:
     """int32 ``[tiles, Hkv, tile_q]``: the tokens of each (tile, KV head), -1 for empty slots.
 
     One Triton launch, no host sync; ``tile_req`` / ``tile_start`` from ``tile_table(...,

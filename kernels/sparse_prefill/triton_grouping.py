@@ -20,14 +20,19 @@ def _popcount32(x):
 
 
 @triton.jit
-def _token_bits(IDS, t, stride_it, g, stride_ih, TOPK: tl.constexpr, NW: tl.constexpr):
-    """The hashed block set of token ``t`` (``NW`` int32 words), from its ids (an L1/L2 hit)."""
-    slots = tl.arange(0, TOPK)
-    ids = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + slots)
+def _hashed_bits(ids, NW: tl.constexpr):
+    """``[N, NW]`` int32: row i has the one bit of block ``ids[i]``'s hash (none for ids < 0); the
+    same multiplicative hash as ``grouping._hash_bits``."""
     h = (((ids.to(tl.int64) * 2654435761) >> 16) & (NW * 32 - 1)).to(tl.int32)
     words = tl.arange(0, NW)
-    part = tl.where(((h >> 5)[:, None] == words[None, :]) & (ids >= 0)[:, None], 1 << (h & 31)[:, None], 0)
-    return tl.reduce(part, 0, _or)
+    return tl.where(((h >> 5)[:, None] == words[None, :]) & (ids >= 0)[:, None], 1 << (h & 31)[:, None], 0)
+
+
+@triton.jit
+def _token_bits(IDS, t, stride_it, g, stride_ih, TOPK: tl.constexpr, NW: tl.constexpr):
+    """The hashed block set of token ``t`` (``NW`` int32 words), from its ids (an L1/L2 hit)."""
+    ids = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + tl.arange(0, TOPK))
+    return tl.reduce(_hashed_bits(ids, NW), 0, _or)
 
 
 @triton.jit
@@ -52,12 +57,10 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
     idx = tl.arange(0, W)
     tok = t0 + idx
     ok = tok < q_end
-    words = tl.arange(0, NW)
     bm = tl.zeros([W, NW], tl.int32)
     for a in tl.static_range(TOPK):  # one id column at a time: [W, NW] live, no [W, TOPK, NW]
         col = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + a, mask=ok, other=-1)
-        h = (((col.to(tl.int64) * 2654435761) >> 16) & (NW * 32 - 1)).to(tl.int32)
-        bm = bm | tl.where(((h >> 5)[:, None] == words[None, :]) & (col >= 0)[:, None], 1 << (h & 31)[:, None], 0)
+        bm = bm | _hashed_bits(col, NW)
     taken = ~ok
     n_tiles = (tl.sum(ok.to(tl.int32), axis=0) + TQ - 1) // TQ
     for grp in range(0, n_tiles):
