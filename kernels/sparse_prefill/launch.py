@@ -88,6 +88,13 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
                       merge=True, num_stages=cfg.rare_stages)
 
 
+def persistent_programs(device, per_sm: int, items: int) -> int:
+    """Grid of a persistent launch: ``per_sm`` programs per SM (2 SMs under the interpreter), at most
+    one per item."""
+    sms = 2 if interpreting() else torch.cuda.get_device_properties(device).multi_processor_count
+    return min(items, per_sm * sms)
+
+
 def _launch_token_list(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union: TileUnions, out, lse,
                        scale, num_stages):
     """The rare merge pass over ``union.rare_list``: a persistent grid (4 programs per SM)."""
@@ -97,8 +104,7 @@ def _launch_token_list(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
     rare = union.rare_ids
-    sms = 2 if interpreting() else torch.cuda.get_device_properties(q.device).multi_processor_count
-    _token_list_kernel[(min(t * hkv, 4 * sms),)](
+    _token_list_kernel[(persistent_programs(q.device, 4, t * hkv),)](
         q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, token_requests(cu_seqlens_q, t), rare, out, lse,
         union.rare_list, union.rare_count, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), page_table.stride(0),
@@ -126,8 +132,7 @@ def _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_
     keys, count = sort_rare_pairs(rare_ids)
     block_m = max(16, triton_next_pow2(cfg.rare_chunk * group))
     n_items = keys.shape[0] * hkv
-    sms = 2 if interpreting() else torch.cuda.get_device_properties(q.device).multi_processor_count
-    n_prog = min(n_items, 2 * sms)  # persistent: two programs per SM, each with its own scratch
+    n_prog = persistent_programs(q.device, 2, n_items)  # each with its own scratch
     scr_o = torch.empty((n_prog, RARE_WINDOW * group, d), dtype=torch.float32, device=q.device)
     scr_l = torch.empty((n_prog, RARE_WINDOW * group), dtype=torch.float32, device=q.device)
     _rare_window_kernel[(n_prog,)](
