@@ -276,15 +276,21 @@ def main() -> None:
         if time.time() > deadline:
             rows.add(case_label(name, t), "skipped: budget spent", float("nan"))
             continue
-        try:
-            whole_prefill(rows, name, t, best_cfg if name == "m3" else None, peak, deadline,
-                          topk_baseline=(name == "smollm2"))
-        except Exception:
-            traceback.print_exc()
-        if not DRY:
-            torch.cuda.empty_cache()
-        save()
+        run_guarded(lambda: whole_prefill(rows, name, t, best_cfg if name == "m3" else None, peak, deadline,
+                                          topk_baseline=(name == "smollm2")), save)
     print_rows(rows)
+
+
+def run_guarded(fn, save) -> None:
+    """One case of a sweep: a failure is printed, not fatal; then the GPU cache is freed and the rows so
+    far are saved."""
+    try:
+        fn()
+    except Exception:  # one failing case must not lose the others
+        traceback.print_exc()
+    if not DRY:
+        torch.cuda.empty_cache()
+    save()
 
 
 def print_rows(rows: Rows) -> None:

@@ -17,14 +17,13 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_prefill import DEV, DRY, SHAPES, make_inputs, reps_for, timed  # noqa: E402
-from sweep_run5 import case_label, print_rows, start_run, sweep, whole_prefill  # noqa: E402
+from sweep_run5 import case_label, print_rows, run_guarded, start_run, sweep, whole_prefill  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.indexer.op import _launch_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
@@ -124,22 +123,21 @@ def final(rows, peak, deadline, save) -> None:
         if time.time() > deadline:
             rows.add(case_label(name, t), "skipped: budget spent", float("nan"))
             continue
-        try:
-            if name == "topk":
-                topk_rounds(rows, t)
-            else:
-                big = t >= (640 if DRY else 1 << 20)
-                whole_prefill(rows, name, t, TileConfig().resolved(16, 128) if name == "m3" else None, peak, deadline,
-                              dense=not big, topk_baseline=False)
-                if big:
-                    total = [r for r in rows.rows if r["stage"] == "MSA total = indexer + attention"][-1]["ms"]
-                    rows.rows = [r for r in rows.rows if "run 1 number reused" not in r["stage"]]
-                    dense_1m_cold(rows, t, peak, total)
-        except Exception:
-            traceback.print_exc()
-        if not DRY:
-            torch.cuda.empty_cache()
-        save()
+        run_guarded(lambda: final_case(rows, name, t, peak, deadline), save)
+
+
+def final_case(rows, name: str, t: int, peak: float, deadline: float) -> None:
+    """One row group of ``final``: the top-k rounds, or the whole prefill (1M: dense re-measured cold)."""
+    if name == "topk":
+        topk_rounds(rows, t)
+        return
+    big = t >= (640 if DRY else 1 << 20)
+    whole_prefill(rows, name, t, TileConfig().resolved(16, 128) if name == "m3" else None, peak, deadline,
+                  dense=not big, topk_baseline=False)
+    if big:
+        total = [r for r in rows.rows if r["stage"] == "MSA total = indexer + attention"][-1]["ms"]
+        rows.rows = [r for r in rows.rows if "run 1 number reused" not in r["stage"]]
+        dense_1m_cold(rows, t, peak, total)
 
 
 def main() -> None:
@@ -160,30 +158,26 @@ def main() -> None:
     if own.final:
         final(rows, peak, deadline, save)
         sizes = []
+    def sweep_case(t: int) -> None:
+        best, good, ids, x = sweep(rows, "m3", t, variants, deadline, analyse=False)
+        if own.grouping:
+            tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
+            want = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8)
+            for warps, words in ((1, 8), (2, 8), (4, 8), (1, 4), (1, 2)):  # run 6's default was 8 words
+                same = torch.equal(group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps, words=words),
+                                   want)
+                rows.add(case_label("m3", t), f"regrouping kernel alone (group_tiles), {warps} warps, {words} words",
+                         timed(lambda: group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps,
+                                                   words=words), 10),
+                         None, f"same map as the default: {same}")
+        rows.add("m3", f"T={t}: fastest correct: {best}", float("nan"), None, json.dumps(good))
+        save()
+        whole_prefill(rows, "m3", t, variants.get(best), peak, deadline, x=x, ids=ids, dense=False)
+
     for t in sizes:
         if time.time() > deadline:
             break
-        try:
-            best, good, ids, x = sweep(rows, "m3", t, variants, deadline, analyse=False)
-            if own.grouping:
-                tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
-                want = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8)
-                for warps, words in ((1, 8), (2, 8), (4, 8), (1, 4), (1, 2)):  # run 6's default was 8 words
-                    same = torch.equal(group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps, words=words),
-                                       want)
-                    rows.add(case_label("m3", t), f"regrouping kernel alone (group_tiles), {warps} warps, {words} words",
-                             timed(lambda: group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps,
-                                                       words=words), 10),
-                             None, f"same map as the default: {same}")
-            rows.add("m3", f"T={t}: fastest correct: {best}", float("nan"), None, json.dumps(good))
-            save()
-            whole_prefill(rows, "m3", t, variants.get(best), peak, deadline, x=x, ids=ids, dense=False)
-            del x, ids
-        except Exception:
-            traceback.print_exc()
-        if not DRY:
-            torch.cuda.empty_cache()
-        save()
+        run_guarded(lambda: sweep_case(t), save)
     print_rows(rows)
 
 
