@@ -64,6 +64,16 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
         "regrouped, listed rare pass, 1 stage": TileConfig(rare_list=True, rare_stages=1),
         "regrouped, listed rare pass, rare_max 2": TileConfig(rare_list=True, rare_max=2),
     },
+    "run7": {  # run 7 (session 5): the rare pass in the tile program's tail, K / V through TMA descriptors
+        "run-6 default: regrouped, per-item rare pass": TileConfig(),
+        "rare pass in the tile program's tail": TileConfig(rare_pass="tail"),
+        "K / V through TMA descriptors": TileConfig(tma=True),
+        "TMA + tail": TileConfig(tma=True, rare_pass="tail"),
+        "TMA + tail, rare_max 2": TileConfig(tma=True, rare_pass="tail", rare_max=2),
+        "TMA + tail, rare_max 3": TileConfig(tma=True, rare_pass="tail", rare_max=3),
+        "run-6 default (again: calls drift by a few %)": TileConfig(),
+        "TMA + tail (again)": TileConfig(tma=True, rare_pass="tail"),
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),

@@ -39,7 +39,10 @@ class TileConfig:
     regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
     the regrouping compares; rare_list: the per-token rare pass runs persistent over the compact list
     of the (token, KV head) items that have rare blocks instead of one program per item (run 6: 1-5%
-    slower, opt-in). Run 5 (RESULTS.md) measured the softmax and split options; only
+    slower, opt-in); rare_pass "tail": each tile program adds its own tokens' rare blocks after its
+    store (token by token, as the per-token pass), so that memory-bound work overlaps the other
+    program's MMAs on the SM (head_split 1 only); tma: the tile loop's K / V steps through tensor
+    descriptors (the copy engine, Hopper and newer, contiguous caches). Run 5 (RESULTS.md) measured the softmax and split options; only
     ``exp_fma`` was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -58,6 +61,7 @@ class TileConfig:
     group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
     rare_chunk: int = 0
     rare_warps: int | None = None
+    tma: bool = False
 
     def resolved(self, group: int, block: int = 128) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads and
@@ -73,7 +77,7 @@ class TileConfig:
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
                           group_words=self.group_words, rare_list=self.rare_list,
-                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps)
+                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps, tma=self.tma)
 
 
 def triton_next_pow2(n: int) -> int:

@@ -56,27 +56,37 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     if cfg.block_n and (block % cfg.block_n or cfg.block_n < 16):
         raise ValueError(f"msa_prefill_attention: block_n must divide the block size {block} and be >= 16, "
                          f"got {cfg.block_n}")
-    if cfg.rare_pass not in ("token", "window"):
-        raise ValueError(f"msa_prefill_attention: rare_pass must be 'token' or 'window', got {cfg.rare_pass!r}")
+    if cfg.rare_pass not in ("token", "window", "tail"):
+        raise ValueError(f"msa_prefill_attention: rare_pass must be 'token', 'window' or 'tail', got {cfg.rare_pass!r}")
+    if cfg.rare_pass == "tail" and cfg.head_split != 1:
+        raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
     hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
+    kdesc, vdesc = k_cache, v_cache  # unused unless cfg.tma
+    if cfg.tma:
+        kdesc, vdesc = _kv_descriptors(k_cache, v_cache, cfg.block_n or block, hopper)
     extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
     if union is None:
         union = tile_unions_for(cfg, topk_ids, page_table, cu_seqlens_q, (tile_req, tile_start))
+    tail = flag is None and union.rare_ids is not None and cfg.rare_pass == "tail"
+    rare = union.rare_ids if tail else union.count
     _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
         q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
         union.union, union.pages, union.token_mask, union.count, out, lse,
         flag if flag is not None else union.count, union.tokmap if union.tokmap is not None else union.count,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        page_table, rare, kdesc, vdesc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), scale * _LOG2E,
+        out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), page_table.stride(0),
+        rare.stride(0), rare.stride(1) if tail else 0, scale * _LOG2E,
         HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_block_m(tile_q, group, cfg.head_split), D=d, B=block,
         UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
-        GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **extra)
+        GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, TAIL=tail,
+        TOPK=topk_ids.shape[2], TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)
+    elif tail:
+        pass  # the tile kernel added the rare blocks itself
     elif union.rare_ids is not None and cfg.rare_pass == "window":
         _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse,
                             scale, cfg)
@@ -86,6 +96,20 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     elif union.rare_ids is not None:
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                       merge=True, num_stages=cfg.rare_stages)
+
+
+def _kv_descriptors(k_cache, v_cache, rows: int, hopper: bool):
+    """Tensor descriptors of ``rows x d`` tiles over the caches seen as ``[pages * Hkv * B, d]``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not interpreting() and not hopper:
+        raise ValueError("msa_prefill_attention: tma=True needs a Hopper or newer GPU (TMA); use tma=False")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("msa_prefill_attention: tma=True needs contiguous k_cache and v_cache "
+                         "([pages, Hkv, B, d] in that order); pass .contiguous() caches or use tma=False")
+    d = k_cache.shape[-1]
+    return (TensorDescriptor.from_tensor(k_cache.view(-1, d), [rows, d]),
+            TensorDescriptor.from_tensor(v_cache.view(-1, d), [rows, d]))
 
 
 def persistent_programs(device, per_sm: int, items: int) -> int:

@@ -67,9 +67,12 @@ def _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc):
 def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, merge,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
                   stride_pt, stride_ot, stride_oh, qk_scale, HKV: tl.constexpr, G: tl.constexpr,
-                  GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr):
+                  GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, KN: tl.constexpr = 0):
     """Attention of token ``t``'s group ``g`` (rows = its G heads) over the ``n_valid`` blocks at
-    ``id_row``; ``merge``: start from the normalised ``OUT`` / ``LSE`` already there."""
+    ``id_row``, ``KN`` keys per step (0: the whole block); ``merge``: start from the normalised
+    ``OUT`` / ``LSE`` already there."""
+    BK: tl.constexpr = B if KN == 0 else KN
+    NSUB: tl.constexpr = B // BK
     q_beg = tl.load(CUQ + req)
     pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
 
@@ -77,7 +80,7 @@ def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid,
     row_ok = rows < G
     head = g * G + rows
     offs_d = tl.arange(0, D)
-    offs_b = tl.arange(0, B)
+    offs_b = tl.arange(0, BK)
     q = tl.load(Q + t.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
     if UPCAST:
@@ -94,16 +97,17 @@ def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid,
         l_i = tl.where(lse_in > float("-inf"), 1.0, 0.0)
         acc = tl.load(OUT + out_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     pt_row = PT + req.to(tl.int64) * stride_pt
-    for s in range(0, n_valid):
-        blk = tl.load(id_row + s)
+    for s in range(0, n_valid * NSUB):
+        blk = tl.load(id_row + s // NSUB)
+        key = (s % NSUB) * BK + offs_b  # the step's keys within the block
         page = tl.load(pt_row + blk).to(tl.int64)
-        k = tl.load(KC + page * stride_kp + g * stride_kh + offs_b[:, None] * stride_kb + offs_d[None, :])
-        v = tl.load(VC + page * stride_vp + g * stride_vh + offs_b[:, None] * stride_vb + offs_d[None, :])
+        k = tl.load(KC + page * stride_kp + g * stride_kh + key[:, None] * stride_kb + offs_d[None, :])
+        v = tl.load(VC + page * stride_vp + g * stride_vh + key[:, None] * stride_vb + offs_d[None, :])
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = tl.dot(q, tl.trans(k)) * qk_scale
-        visible = (blk * B + offs_b <= pos)[None, :]
+        visible = (blk * B + key <= pos)[None, :]
         m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
     _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc)
 
@@ -209,15 +213,22 @@ def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i,
 
 @triton.jit
 def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE, FLAG, TOKMAP,
-                 stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                 stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                 PT, RARE, KDESC, VDESC, stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                 stride_ot, stride_oh, stride_ut, stride_uh, stride_pt, stride_rt, stride_rh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, HSPLIT: tl.constexpr = 1,
                  LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False,
-                 BN: tl.constexpr = 0, GROUPED: tl.constexpr = False):
+                 BN: tl.constexpr = 0, GROUPED: tl.constexpr = False, TAIL: tl.constexpr = False,
+                 TOPK: tl.constexpr = 16, TMA: tl.constexpr = False):
     """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads; each
     loop step takes ``BN`` keys of a union block (0: the whole block, ``B``). ``GROUPED``: the
-    tile's tokens are ``TOKMAP[tile, g, :]`` (-1: empty slot) instead of ``t0 + j``."""
+    tile's tokens are ``TOKMAP[tile, g, :]`` (-1: empty slot) instead of ``t0 + j``. ``TAIL``
+    (``HSPLIT`` 1): after its store the program adds its tokens' rare blocks (``RARE``, ``TOPK``
+    slots per token) itself, token by token as the per-token merge pass would (same math, same
+    rounding), so that memory-bound work overlaps the MMAs of the other program on the SM. ``TMA``:
+    the union loop's K / V steps come through the tensor descriptors ``KDESC`` / ``VDESC`` over the
+    contiguous caches seen as ``[pages * HKV * B, D]`` (row ``(page * HKV + g) * B + key``: the copy
+    engine fills shared memory, no address registers) instead of pointer loads."""
     KN: tl.constexpr = B if BN == 0 else BN
     NSUB: tl.constexpr = B // KN
     GS: tl.constexpr = G // HSPLIT
@@ -265,8 +276,13 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
         koff = (it % NSUB) * KN
         blk = tl.load(UNION + u_off + u)
         page = tl.load(UPAGE + u_off + u).to(tl.int64)  # physical page, resolved by the union kernel
-        k = tl.load(KC + page * stride_kp + g * stride_kh + (koff + offs_b)[:, None] * stride_kb + offs_d[None, :])
-        v = tl.load(VC + page * stride_vp + g * stride_vh + (koff + offs_b)[:, None] * stride_vb + offs_d[None, :])
+        if TMA:
+            row = ((page * HKV + g) * B + koff).to(tl.int32)
+            k = KDESC.load([row, 0])
+            v = VDESC.load([row, 0])
+        else:
+            k = tl.load(KC + page * stride_kp + g * stride_kh + (koff + offs_b)[:, None] * stride_kb + offs_d[None, :])
+            v = tl.load(VC + page * stride_vp + g * stride_vh + (koff + offs_b)[:, None] * stride_vb + offs_d[None, :])
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -275,6 +291,20 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
                                     qk_scale, m_i, l_i, acc, v, KN, LAZY, EXP_FMA)
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)
+    if TAIL:
+        tl.debug_barrier()  # the rows just stored are read back by other threads of this program
+        slots = tl.arange(0, TOPK)
+        for j in range(0, TQ):
+            if GROUPED:
+                t = tl.load(TOKMAP + (tile * HKV + g).to(tl.int64) * TQ + j)
+            else:
+                t = tl.where(t0 + j < q_end, t0 + j, -1)
+            id_row = RARE + tl.maximum(t, 0).to(tl.int64) * stride_rt + g * stride_rh  # row 0 if no token
+            n_valid = tl.where(t >= 0, tl.sum((tl.load(id_row + slots) >= 0).to(tl.int32), axis=0), 0)
+            if n_valid > 0:
+                _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, True,
+                              stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
+                              stride_pt, stride_ot, stride_oh, qk_scale, HKV, G, 16, D, B, UPCAST, KN)
 
 
 @triton.jit

@@ -43,6 +43,11 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=8, rare_max=3, group=True, rare_list=True, rare_stages=1),
     TileConfig(tile_q=8, rare_max=1, rare_list=True),
     TileConfig(tile_q=4, rare_max=2, rare_pass="window", rare_chunk=2, block_n=32),
+    TileConfig(tile_q=8, rare_max=1, rare_pass="tail", group=True, block_n=64),  # the tile adds its rare blocks
+    TileConfig(tile_q=8, rare_max=3, rare_pass="tail", block_n=32),
+    TileConfig(tile_q=4, rare_max=2, rare_pass="tail", block_n=0),
+    TileConfig(tile_q=8, rare_max=1, tma=True, group=True, block_n=64),  # K / V through tensor descriptors
+    TileConfig(tile_q=4, rare_max=2, tma=True, rare_pass="tail", block_n=32),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
@@ -152,6 +157,23 @@ def test_rare_pass_must_be_known(paged_case):
                               tile_config=TileConfig(rare_pass="pairs"))
 
 
+def test_tail_rare_pass_needs_whole_groups(paged_case):
+    case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
+    with pytest.raises(ValueError, match="rare_pass='tail' needs head_split=1"):
+        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(rare_max=1, rare_pass="tail", head_split=2))
+
+
+def test_tma_needs_contiguous_caches(paged_case):
+    case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
+    k = case["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, heads not outermost
+    with pytest.raises(ValueError, match="tma=True needs contiguous k_cache"):
+        msa_prefill_attention(case["q"], k, case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(tma=True))
+
+
 def test_block_n_must_divide_the_block(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="block_n must divide"):
@@ -225,7 +247,9 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=2),
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=3),
     TileConfig(group=True, rare_max=2), TileConfig(group=False), TileConfig(rare_list=True),
-    TileConfig(rare_list=True, rare_stages=1), None])
+    TileConfig(rare_list=True, rare_stages=1), TileConfig(rare_pass="tail"),
+    TileConfig(rare_pass="tail", rare_max=3, group=False), TileConfig(tma=True),
+    TileConfig(tma=True, rare_pass="tail"), TileConfig(tma=True, group=False, block_n=0, maxnreg=0), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
