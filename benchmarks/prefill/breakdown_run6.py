@@ -1,8 +1,9 @@
-"""Run 6: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
+"""Runs 6 and 7: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
 loop's raw rate on shared selections (every token of a 128-token window given its first token's
 blocks, so every union block is used by all 8 tokens: the ceiling that grouping tokens can reach).
 
     python3 benchmarks/prefill/breakdown_run6.py --out DIR [--sizes 65536,131072]   # H200
+    python3 benchmarks/prefill/breakdown_run6.py --out DIR --set run7 --selections real --sizes 65536,131072,1048576
     python3 benchmarks/prefill/breakdown_run6.py --dry-cpu --out /tmp/x            # tiny
 """
 from __future__ import annotations
@@ -25,13 +26,19 @@ from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
 from kernels.sparse_prefill.launch import _launch_tile, _launch_token  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
-CONFIGS = {k: v.resolved(16, 128) for k, v in {
+RUN6 = {k: v.resolved(16, 128) for k, v in {
     "run-5 default (BN 128, 3 stages, rare_max 2)": TileConfig(tile_q=8, rare_max=2, block_n=0, maxnreg=0, group=False),
     "BN 64, 2 stages, maxnreg 128, rare_max 1": TileConfig(tile_q=8, rare_max=1, block_n=64, num_stages=2, maxnreg=128,
                                                            group=False),
     "BN 64, 2 stages, maxnreg 128, rare_max 2": TileConfig(tile_q=8, rare_max=2, block_n=64, num_stages=2, maxnreg=128,
                                                            group=False),
     "run-6 default: the same, rare_max 1, regrouped tiles": TileConfig(),
+}.items()}
+RUN7 = {k: v.resolved(16, 128) for k, v in {  # run 7: the tile kernel's K / V loads and program order
+    "run-6 default": TileConfig(),
+    "TMA descriptors": TileConfig(tma=True),
+    "head-major programs": TileConfig(head_major=True),
+    "TMA + head-major": TileConfig(tma=True, head_major=True),
 }.items()}
 
 
@@ -40,7 +47,10 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sizes", default="65536,131072")
     ap.add_argument("--dry-cpu", action="store_true")
+    ap.add_argument("--set", default="run6", choices=("run6", "run7"))
+    ap.add_argument("--selections", default="real,shared")
     args = ap.parse_args()
+    configs = RUN6 if args.set == "run6" else RUN7
     peak, info = run_info()
     rows = []
 
@@ -60,9 +70,11 @@ def main() -> None:
         shared = real[win].contiguous()  # each token gets its window's first token's blocks (own block shared)
         out, lse = torch.empty_like(x["q"]), torch.empty(t, shape["hq"], device=DEV)
         for sel_name, ids in (("real", real), ("shared", shared)):
+            if sel_name not in args.selections.split(","):
+                continue
             flops = useful_attention_flops(ids, t, shape)
             case = f"m3 T={t // 1024}K {sel_name} selections"
-            for label, cfg in CONFIGS.items():
+            for label, cfg in configs.items():
                 tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
                 tokmap = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8) if cfg.group else None
                 u = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8, rare_max=cfg.rare_max,
@@ -78,11 +90,13 @@ def main() -> None:
                                                      num_stages=cfg.rare_stages), 5) if n_rare else 0.0
                 steps = int(u.count[tiles[0] >= 0].sum()) * (shape["block"] // (cfg.block_n or shape["block"]))
                 exec_tile = float(u.count[tiles[0] >= 0].sum()) * 128 * shape["block"] * shape["d"] * 4
+                mean_union = float(u.count[tiles[0] >= 0].float().mean())
                 if cfg.group:
                     add(case, f"{label}: regrouping", t_g)
                 add(case, f"{label}: union build", t_u)
                 add(case, f"{label}: tile kernel only", t_tile, exec_tile,
-                    f"TFLOP/s = executed (all 128 rows x union blocks); {steps} loop steps")
+                    f"TFLOP/s = executed (all 128 rows x union blocks); {steps} loop steps, "
+                    f"{mean_union:.2f} union blocks per tile")
                 if n_rare:
                     add(case, f"{label}: rare merge pass only", t_rare, None,
                         f"{n_rare} rare pairs, {n_rare / max(t_rare, 1e-9) / 1e3:.1f} M pairs/s, "
@@ -91,7 +105,7 @@ def main() -> None:
         del x, real, shared, out, lse
         if not DRY:
             torch.cuda.empty_cache()
-        Path(args.out, "breakdown6.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+        Path(args.out, f"breakdown_{args.set}.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
     for r in rows:
         print(f"{r['case']:<26} {r['stage']:<62} {r['ms']:>8.3f} {r['tflops'] or '':>6} {r['note']}")
 

@@ -74,6 +74,11 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
         "run-6 default (again: calls drift by a few %)": TileConfig(),
         "TMA + tail (again)": TileConfig(tma=True, rare_pass="tail"),
     },
+    "run7b": {  # run 7, sweep 2: TMA descriptors and head-major program order, in two rounds
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("run-6 default", TileConfig()), ("TMA", TileConfig(tma=True)),
+            ("head-major", TileConfig(head_major=True)), ("TMA + head-major", TileConfig(tma=True, head_major=True)))},
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),

@@ -40,10 +40,14 @@ class TileConfig:
     the regrouping compares; rare_list: the per-token rare pass runs persistent over the compact list
     of the (token, KV head) items that have rare blocks instead of one program per item (run 6: 1-5%
     slower, opt-in); rare_pass "tail": each tile program adds its own tokens' rare blocks after its
-    store (token by token, as the per-token pass), so that memory-bound work overlaps the other
-    program's MMAs on the SM (head_split 1 only); tma: the tile loop's K / V steps through tensor
-    descriptors (the copy engine, Hopper and newer, contiguous caches). Run 5 (RESULTS.md) measured the softmax and split options; only
-    ``exp_fma`` was not slower, so it is the one on by default.
+    store (token by token, as the per-token pass) hoping that memory-bound work overlaps the other
+    program's MMAs on the SM (head_split 1 only; run 7: 7% slower at 64K and 128K, opt-in); tma: the
+    tile loop's K / V steps through tensor descriptors (the copy engine; Hopper and newer, contiguous
+    caches; ``None``: on for 128-row tiles on Hopper when the caches are contiguous, run 7: tile
+    kernel 3-4% faster, 24.24 -> 23.18 ms at 128K, 227.0 -> 219.2 at 1M; True where it cannot run is a
+    ValueError); head_major: the tile programs run KV head by KV head instead of tile by tile (run 7:
+    no faster, opt-in). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
     rare_max: int | None = None
@@ -61,7 +65,8 @@ class TileConfig:
     group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
     rare_chunk: int = 0
     rare_warps: int | None = None
-    tma: bool = False
+    tma: bool | None = None
+    head_major: bool = False
 
     def resolved(self, group: int, block: int = 128) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads and
@@ -77,7 +82,14 @@ class TileConfig:
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
                           group_words=self.group_words, rare_list=self.rare_list,
-                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps, tma=self.tma)
+                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps, tma=self.tma,
+                          head_major=self.head_major)
+
+
+def use_tma(tma: bool | None, hopper: bool, block_m: int, contiguous: bool) -> bool:
+    """Whether the tile loop loads K / V through tensor descriptors: ``tma`` if set, else on for
+    128-row tiles on Hopper or newer with contiguous caches (run 7; narrower tiles not measured)."""
+    return tma if tma is not None else hopper and block_m >= 128 and contiguous
 
 
 def triton_next_pow2(n: int) -> int:

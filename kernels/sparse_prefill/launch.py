@@ -5,7 +5,7 @@ import torch
 
 from kernels._common.tiles import tile_table, token_requests
 from kernels._common.validate import interpreting
-from kernels.sparse_prefill.config import TileConfig, tile_block_m, triton_next_pow2
+from kernels.sparse_prefill.config import TileConfig, tile_block_m, triton_next_pow2, use_tma
 from kernels.sparse_prefill.grouping import group_tiles
 from kernels.sparse_prefill.unions import RARE_WINDOW, TileUnions, build_unions, sort_rare_pairs
 
@@ -61,8 +61,10 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     if cfg.rare_pass == "tail" and cfg.head_split != 1:
         raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
     hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
-    kdesc, vdesc = k_cache, v_cache  # unused unless cfg.tma
-    if cfg.tma:
+    block_m = tile_block_m(tile_q, group, cfg.head_split)
+    tma = use_tma(cfg.tma, hopper, block_m, k_cache.is_contiguous() and v_cache.is_contiguous())
+    kdesc, vdesc = k_cache, v_cache  # unused unless tma
+    if tma:
         kdesc, vdesc = _kv_descriptors(k_cache, v_cache, cfg.block_n or block, hopper)
     extra = dict(maxnreg=cfg.maxnreg) if cfg.maxnreg and hopper else {}  # measured on the H200 only
     tile_req, tile_start = tiles or tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
@@ -74,14 +76,16 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
         union.union, union.pages, union.token_mask, union.count, out, lse,
         flag if flag is not None else union.count, union.tokmap if union.tokmap is not None else union.count,
-        page_table, rare, kdesc, vdesc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        page_table, rare, kdesc, vdesc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), page_table.stride(0),
         rare.stride(0), rare.stride(1) if tail else 0, scale * _LOG2E,
-        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_block_m(tile_q, group, cfg.head_split), D=d, B=block,
+        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block,
         UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
         GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, TAIL=tail,
-        TOPK=topk_ids.shape[2], TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra)
+        TOPK=topk_ids.shape[2], TMA=tma, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **extra)
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)

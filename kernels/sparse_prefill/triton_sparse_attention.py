@@ -25,6 +25,10 @@ Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
   mask per step); with 64-key steps and a 128-register cap two 8-warp programs share an SM.
 * ``_rare_window_kernel`` (opt-in ``rare_pass="window"``): the rare pairs merged per window of 128
   tokens, the tokens that chose the same block sharing its K/V read (measured slower, see there).
+* ``TMA`` (run 7, default for 128-row tiles on Hopper): the tile loop's K / V steps come through
+  tensor descriptors (the copy engine fills shared memory; 3-4% faster tile loop). ``TAIL`` and
+  ``HEAD_MAJOR`` (run 7, opt-in, not faster): the rare blocks added by the tile program itself
+  after its store; programs ordered KV head by KV head.
 * ``GATED`` (the no-sync ``design="auto"``): a device flag (1 = tile design) makes the tile kernel
   exit at once when 0, and the token kernel run plain over ``IDS`` when 0 or merge over ``RARE``
   when 1, so the choice needs no host sync.
@@ -213,13 +217,13 @@ def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i,
 
 @triton.jit
 def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE, FLAG, TOKMAP,
-                 PT, RARE, KDESC, VDESC, stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                 stride_ot, stride_oh, stride_ut, stride_uh, stride_pt, stride_rt, stride_rh, qk_scale,
+                 PT, RARE, KDESC, VDESC, stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh,
+                 stride_vb, stride_ot, stride_oh, stride_ut, stride_uh, stride_pt, stride_rt, stride_rh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, HSPLIT: tl.constexpr = 1,
                  LAZY: tl.constexpr = False, EXP_FMA: tl.constexpr = False, GATED: tl.constexpr = False,
                  BN: tl.constexpr = 0, GROUPED: tl.constexpr = False, TAIL: tl.constexpr = False,
-                 TOPK: tl.constexpr = 16, TMA: tl.constexpr = False):
+                 TOPK: tl.constexpr = 16, TMA: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False):
     """One program per (tile, KV head, head part): rows = ``TQ`` tokens x ``G / HSPLIT`` heads; each
     loop step takes ``BN`` keys of a union block (0: the whole block, ``B``). ``GROUPED``: the
     tile's tokens are ``TOKMAP[tile, g, :]`` (-1: empty slot) instead of ``t0 + j``. ``TAIL``
@@ -228,14 +232,21 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     rounding), so that memory-bound work overlaps the MMAs of the other program on the SM. ``TMA``:
     the union loop's K / V steps come through the tensor descriptors ``KDESC`` / ``VDESC`` over the
     contiguous caches seen as ``[pages * HKV * B, D]`` (row ``(page * HKV + g) * B + key``: the copy
-    engine fills shared memory, no address registers) instead of pointer loads."""
+    engine fills shared memory, no address registers) instead of pointer loads. ``HEAD_MAJOR``: the
+    programs run KV head by KV head (all tiles of head 0 first), not tile by tile, so the programs in
+    flight together read one head's pages for a 4x longer stretch of tokens."""
     KN: tl.constexpr = B if BN == 0 else BN
     NSUB: tl.constexpr = B // KN
     GS: tl.constexpr = G // HSPLIT
     pid = tl.program_id(0)
-    tile = pid // (HKV * HSPLIT)
-    g = (pid // HSPLIT) % HKV
     part = pid % HSPLIT
+    if HEAD_MAJOR:
+        n_tiles = tl.num_programs(0) // (HKV * HSPLIT)
+        g = pid // (n_tiles * HSPLIT)
+        tile = (pid // HSPLIT) % n_tiles
+    else:
+        tile = pid // (HKV * HSPLIT)
+        g = (pid // HSPLIT) % HKV
     req = tl.load(TILE_REQ + tile)
     if GATED:  # loaded with the tile's request: no extra round trip
         req = tl.where(tl.load(FLAG) == 0, -1, req)

@@ -48,6 +48,7 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=4, rare_max=2, rare_pass="tail", block_n=0),
     TileConfig(tile_q=8, rare_max=1, tma=True, group=True, block_n=64),  # K / V through tensor descriptors
     TileConfig(tile_q=4, rare_max=2, tma=True, rare_pass="tail", block_n=32),
+    TileConfig(tile_q=4, rare_max=1, head_major=True, head_split=2),  # programs ordered head by head
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
@@ -249,7 +250,8 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(group=True, rare_max=2), TileConfig(group=False), TileConfig(rare_list=True),
     TileConfig(rare_list=True, rare_stages=1), TileConfig(rare_pass="tail"),
     TileConfig(rare_pass="tail", rare_max=3, group=False), TileConfig(tma=True),
-    TileConfig(tma=True, rare_pass="tail"), TileConfig(tma=True, group=False, block_n=0, maxnreg=0), None])
+    TileConfig(tma=True, rare_pass="tail"), TileConfig(tma=True, group=False, block_n=0, maxnreg=0),
+    TileConfig(head_major=True), TileConfig(head_major=True, tma=True), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
