@@ -7,6 +7,10 @@ default; each variant checked against the fp32 reference on the GPU before it is
     python3 benchmarks/prefill/sweep_run6.py --final --out DIR --budget-s 330   # the rows, new defaults
     python3 benchmarks/prefill/sweep_run6.py --dry-cpu --out /tmp/x                             # tiny
 
+Run 7 (session 5) added the sets ``run7`` (the rare pass in the tile program's tail, TMA descriptors),
+``run7b`` (TMA, head-major program order) and ``run7c`` (32-key steps with TMA), each in two rounds
+where calls drift; ``--final`` takes whatever ``TileConfig()`` resolves to (run 7: TMA on).
+
 Timing, FLOP conventions and the checks as ``sweep_run5.py`` (whose helpers it uses): median of
 CUDA-event runs after a warm-up, 256 MiB L2 flush before each, structured index inputs, selections of
 the real fused indexer, the union build inside every timed attention call.
@@ -79,6 +83,14 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
             ("run-6 default", TileConfig()), ("TMA", TileConfig(tma=True)),
             ("head-major", TileConfig(head_major=True)), ("TMA + head-major", TileConfig(tma=True, head_major=True)))},
     },
+    "run7c": {  # run 7, sweep 3: 32-key steps with TMA (116 registers: async wgmma under the 128 cap)
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("TMA, 64-key steps (serialised wgmma under the cap)", TileConfig(tma=True)),
+            ("TMA, 32-key steps, 2 stages", TileConfig(tma=True, block_n=32)),
+            ("TMA, 32-key steps, 3 stages", TileConfig(tma=True, block_n=32, num_stages=3)))},
+        "TMA, 32-key steps, 2 stages, lazy rescale": TileConfig(tma=True, block_n=32, lazy=True),
+        "TMA, 32-key steps, 4 stages": TileConfig(tma=True, block_n=32, num_stages=4),
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),
@@ -128,7 +140,7 @@ def topk_rounds(rows, t: int, rounds: int = 5) -> None:
 
 
 def final(rows, peak, deadline, save) -> None:
-    """The rows with the run-6 defaults (explicit launch of ``TileConfig()``): M3 32K..1M against cuDNN
+    """The rows with the current defaults (explicit launch of ``TileConfig()``; run 6 and run 7): M3 32K..1M against cuDNN
     (1M: one cold dense run, re-measured), the SmolLM2 rows and the top-k rounds."""
     plan = [("m3", 65536), ("m3", 131072), ("m3", 32768), ("m3", 262144), ("smollm2", 131072),
             ("smollm2", 32768), ("topk", 131072), ("m3", 1 << 20)]
@@ -159,7 +171,7 @@ def main() -> None:
     import argparse
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--sizes", default="131072,65536")
-    extra.add_argument("--final", action="store_true", help="the rows with the run-6 defaults (no sweep)")
+    extra.add_argument("--final", action="store_true", help="the rows with the current defaults (no sweep)")
     extra.add_argument("--grouping", action="store_true", help="time the regrouping kernel alone too")
     extra.add_argument("--set", default="grouping", choices=sorted(VARIANT_SETS))
     own, rest = extra.parse_known_args()
