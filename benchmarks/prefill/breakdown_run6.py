@@ -23,7 +23,7 @@ from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
 from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
-from kernels.sparse_prefill.launch import _launch_tile, _launch_token  # noqa: E402
+from kernels.sparse_prefill.launch import _launch_tile, launch_rare_merge  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
 RUN6 = {k: v.resolved(16, 128) for k, v in {
@@ -86,8 +86,8 @@ def main() -> None:
                                                  rare_max=cfg.rare_max, tokmap=tokmap), 5)
                 t_tile = timed(lambda: _launch_tile(*att, ids, out, lse, scale, 8, tiles=tiles, union=tile_only,
                                                     config=cfg), 5)
-                t_rare = timed(lambda: _launch_token(*att, u.rare_ids, out, lse, scale, merge=True,
-                                                     num_stages=cfg.rare_stages), 5) if n_rare else 0.0
+                t_rare = timed(lambda: launch_rare_merge(*att, u.rare_ids, out, lse, scale, cfg, 128),
+                               5) if n_rare else 0.0
                 steps = int(u.count[tiles[0] >= 0].sum()) * (shape["block"] // (cfg.block_n or shape["block"]))
                 exec_tile = float(u.count[tiles[0] >= 0].sum()) * 128 * shape["block"] * shape["d"] * 4
                 mean_union = float(u.count[tiles[0] >= 0].float().mean())

@@ -8,7 +8,8 @@ default; each variant checked against the fp32 reference on the GPU before it is
     python3 benchmarks/prefill/sweep_run6.py --dry-cpu --out /tmp/x                             # tiny
 
 Run 7 (session 5) added the sets ``run7`` (the rare pass in the tile program's tail, TMA descriptors),
-``run7b`` (TMA, head-major program order) and ``run7c`` (32-key steps with TMA), each in two rounds
+``run7b`` (TMA, head-major program order), ``run7c`` (32-key steps with TMA) and ``run7d`` (the rare
+pass's launch; ``knobs_run7.py`` timed its knobs alone), each in two rounds
 where calls drift; ``--final`` takes whatever ``TileConfig()`` resolves to (run 7: TMA on).
 
 Timing, FLOP conventions and the checks as ``sweep_run5.py`` (whose helpers it uses): median of
@@ -90,6 +91,11 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
             ("TMA, 32-key steps, 3 stages", TileConfig(tma=True, block_n=32, num_stages=3)))},
         "TMA, 32-key steps, 2 stages, lazy rescale": TileConfig(tma=True, block_n=32, lazy=True),
         "TMA, 32-key steps, 4 stages": TileConfig(tma=True, block_n=32, num_stages=4),
+    },
+    "run7d": {  # run 7, sweep 4: the rare pass's launch (the union build on 1 warp in both)
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("TMA, rare pass 4 warps, whole blocks (before)", TileConfig(rare_warps=4, rare_block_n=0)),
+            ("TMA, rare pass 2 warps, 64-key steps (new default)", TileConfig()))},
     },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),

@@ -33,7 +33,10 @@ class TileConfig:
     rare_pass: how the rare pairs are added, "token" (one program per token and KV head, each pair's
     K/V read for that token alone) or "window" (one program per window of 128 packed tokens and KV
     head: the tokens that chose the same rare block share one K/V read, up to ``rare_chunk`` tokens
-    per step, 0: ``tile_q``; ``rare_warps``: that pass's warps; measured 30-90% slower: opt-in); group: regroup
+    per step, 0: ``tile_q``; measured 30-90% slower: opt-in); rare_warps / rare_block_n: the rare
+    pass's warps and keys per step (``None``: the token pass with 128-row tiles takes 2 warps and
+    64-key steps, run 7: 2.67-2.84 -> 2.15-2.27 ms at 128K, 39.8 -> 34.2 at 1M; else 4 warps and
+    whole blocks; the window pass 8 warps at 128 rows, else 4); group: regroup
     each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
     regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
@@ -65,6 +68,7 @@ class TileConfig:
     group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
     rare_chunk: int = 0
     rare_warps: int | None = None
+    rare_block_n: int | None = None
     tma: bool | None = None
     head_major: bool = False
 
@@ -82,7 +86,9 @@ class TileConfig:
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
                           group_words=self.group_words, rare_list=self.rare_list,
-                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps, tma=self.tma,
+                          rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps,
+                          rare_block_n=(64 if wide and block > 64 else 0) if self.rare_block_n is None
+                          else self.rare_block_n, tma=self.tma,
                           head_major=self.head_major)
 
 

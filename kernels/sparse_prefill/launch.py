@@ -13,10 +13,11 @@ _LOG2E = 1.4426950408889634
 
 
 def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
-                  merge=False, num_stages=2, flag=None, rare_ids=None):
+                  merge=False, num_stages=2, flag=None, rare_ids=None, num_warps=4, block_n=0):
     """One program per (token, KV head). ``merge``: add ``topk_ids``' blocks to the attention state
     already in ``out``/``lse`` (rows with no ids are left as they are). ``flag`` (int32 ``[1]`` on
-    the device): gated launch, plain over ``topk_ids`` when 0, merge over ``rare_ids`` when 1."""
+    the device): gated launch, plain over ``topk_ids`` when 0, merge over ``rare_ids`` when 1.
+    ``block_n``: keys per loop step (0: the whole block)."""
     from kernels.sparse_prefill.triton_sparse_attention import _token_kernel
 
     t, hq, d = q.shape
@@ -32,7 +33,7 @@ def _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, to
         topk_ids.stride(0), topk_ids.stride(1), out.stride(0), out.stride(1), rare.stride(0), rare.stride(1),
         scale * _LOG2E, HKV=hkv, G=group, GP=max(16, triton_next_pow2(group)), D=d, B=block,
         TOPK=topk_ids.shape[2], UPCAST=interpreting(), MERGE=merge, GATED=flag is not None,
-        HAS_RARE=rare_ids is not None, num_warps=4, num_stages=num_stages)
+        HAS_RARE=rare_ids is not None, KN=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
 def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale, tile_q,
@@ -53,9 +54,10 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     tile_q = cfg.tile_q
     if group % cfg.head_split:
         raise ValueError(f"msa_prefill_attention: head_split must divide the group size {group}, got {cfg.head_split}")
-    if cfg.block_n and (block % cfg.block_n or cfg.block_n < 16):
-        raise ValueError(f"msa_prefill_attention: block_n must divide the block size {block} and be >= 16, "
-                         f"got {cfg.block_n}")
+    for name, value in (("block_n", cfg.block_n), ("rare_block_n", cfg.rare_block_n)):
+        if value and (block % value or value < 16):
+            raise ValueError(f"msa_prefill_attention: {name} must divide the block size {block} and be >= 16, "
+                             f"got {value}")
     if cfg.rare_pass not in ("token", "window", "tail"):
         raise ValueError(f"msa_prefill_attention: rare_pass must be 'token', 'window' or 'tail', got {cfg.rare_pass!r}")
     if cfg.rare_pass == "tail" and cfg.head_split != 1:
@@ -98,8 +100,17 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         _launch_token_list(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union, out, lse, scale,
                            cfg.rare_stages)
     elif union.rare_ids is not None:
-        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
-                      merge=True, num_stages=cfg.rare_stages)
+        launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
+                          cfg, block_m)
+
+
+def launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,
+                      cfg: TileConfig, block_m: int):
+    """The per-token merge pass of the rare blocks with ``cfg``'s launch options (2 warps and
+    ``rare_block_n`` keys per step for 128-row tiles unless set: run 7)."""
+    _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale, merge=True,
+                  num_stages=cfg.rare_stages, num_warps=cfg.rare_warps or (2 if block_m >= 128 else 4),
+                  block_n=cfg.rare_block_n)
 
 
 def _kv_descriptors(k_cache, v_cache, rows: int, hopper: bool):

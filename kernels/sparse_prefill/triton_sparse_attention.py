@@ -144,7 +144,7 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
                   stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_rt, stride_rh, qk_scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
                   TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False,
-                  GATED: tl.constexpr = False, HAS_RARE: tl.constexpr = False):
+                  GATED: tl.constexpr = False, HAS_RARE: tl.constexpr = False, KN: tl.constexpr = 0):
     """``MERGE``: ``OUT``/``LSE`` already hold attention over other blocks (the tile kernel's common
     blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written.
     ``GATED``: merge over ``RARE`` when ``FLAG`` is 1 (nothing to do without ``HAS_RARE``), plain
@@ -176,7 +176,7 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, FLAG, RARE,
             return
     _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, merge,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                  stride_pt, stride_ot, stride_oh, qk_scale, HKV, G, GP, D, B, UPCAST)
+                  stride_pt, stride_ot, stride_oh, qk_scale, HKV, G, GP, D, B, UPCAST, KN)
 
 
 @triton.jit

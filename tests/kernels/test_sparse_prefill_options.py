@@ -49,6 +49,7 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=8, rare_max=1, tma=True, group=True, block_n=64),  # K / V through tensor descriptors
     TileConfig(tile_q=4, rare_max=2, tma=True, rare_pass="tail", block_n=32),
     TileConfig(tile_q=4, rare_max=1, head_major=True, head_split=2),  # programs ordered head by head
+    TileConfig(tile_q=8, rare_max=3, rare_block_n=32, rare_warps=2),  # rare pass in 32-key steps
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
@@ -175,12 +176,13 @@ def test_tma_needs_contiguous_caches(paged_case):
                               tile_config=TileConfig(tma=True))
 
 
-def test_block_n_must_divide_the_block(paged_case):
+@pytest.mark.parametrize("field", ["block_n", "rare_block_n"])
+def test_block_n_must_divide_the_block(paged_case, field):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
-    with pytest.raises(ValueError, match="block_n must divide"):
+    with pytest.raises(ValueError, match=f"{field} must divide"):
         msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                               case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(block_n=48))
+                              tile_config=TileConfig(**{field: 48}))
 
 
 def test_device_flag_follows_prefer_tile():
@@ -251,7 +253,8 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(rare_list=True, rare_stages=1), TileConfig(rare_pass="tail"),
     TileConfig(rare_pass="tail", rare_max=3, group=False), TileConfig(tma=True),
     TileConfig(tma=True, rare_pass="tail"), TileConfig(tma=True, group=False, block_n=0, maxnreg=0),
-    TileConfig(head_major=True), TileConfig(head_major=True, tma=True), None])
+    TileConfig(head_major=True), TileConfig(head_major=True, tma=True),
+    TileConfig(rare_max=2, rare_block_n=0, rare_warps=4), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
