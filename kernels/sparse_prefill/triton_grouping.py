@@ -6,6 +6,11 @@ import triton.language as tl
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
 def _popcount32(x):
     """Set bits of each int32 (SWAR; every mask has bit 31 clear, so the arithmetic shifts are safe)."""
     x = x - ((x >> 1) & 0x55555555)
@@ -24,10 +29,10 @@ def _hashed_bits(ids, NW: tl.constexpr):
 
 
 @triton.jit
-def _row_bits(bm, idx, i):
-    """Row ``i`` of the window's ``[W, NW]`` hashed sets, taken from the registers (a masked sum: one
-    row is nonzero), not reloaded from memory: each pick of the greedy chain waits on it."""
-    return tl.sum(tl.where((idx == i)[:, None], bm, 0), axis=0)
+def _token_bits(IDS, t, stride_it, g, stride_ih, TOPK: tl.constexpr, NW: tl.constexpr):
+    """The hashed block set of token ``t`` (``NW`` int32 words), from its ids (an L1/L2 hit)."""
+    ids = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + tl.arange(0, TOPK))
+    return tl.reduce(_hashed_bits(ids, NW), 0, _or)
 
 
 @triton.jit
@@ -61,7 +66,7 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
     for grp in range(0, n_tiles):
         out_row = TOKMAP + (tile + grp).to(tl.int64) * stride_mt + g * stride_mh
         seed = tl.min(tl.where(taken, W, idx), axis=0)
-        union = _row_bits(bm, idx, seed)  # [NW]
+        union = _token_bits(IDS, t0 + seed, stride_it, g, stride_ih, TOPK, NW)  # [NW]
         taken = taken | (idx == seed)
         tl.store(out_row, t0 + seed)
         for s in range(1, TQ):
@@ -69,6 +74,6 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
             score = tl.where(taken, -1, score)
             best = tl.argmax(score, axis=0, tie_break_left=True)
             has = tl.max(score, axis=0) >= 0
-            union = union | _row_bits(bm, idx, best)
+            union = union | _token_bits(IDS, t0 + best, stride_it, g, stride_ih, TOPK, NW)
             taken = taken | ((idx == best) & has)
             tl.store(out_row + s, tl.where(has, t0 + best, -1))
