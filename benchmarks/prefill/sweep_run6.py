@@ -196,7 +196,8 @@ def main() -> None:
         if own.grouping:
             tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
             want = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8)
-            for warps, words in ((1, 8), (2, 8), (4, 8), (1, 4), (1, 2)):  # run 6's default was 8 words
+            # run 6 timed (1, 8), (2, 8), (4, 8), (1, 4), (1, 2); run 7 (heads side by side) these:
+            for warps, words in ((1, 4), (2, 4), (4, 4), (8, 4), (2, 2), (4, 8)):
                 same = torch.equal(group_tiles(ids, x["cu_seqlens_q"], *tiles, 8, num_warps=warps, words=words),
                                    want)
                 rows.add(case_label("m3", t), f"regrouping kernel alone (group_tiles), {warps} warps, {words} words",

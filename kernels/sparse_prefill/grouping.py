@@ -20,14 +20,16 @@ def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: to
     fastest measured (H200, M3 64K, 8 words: 0.54-0.60 ms, 2 warps 0.67-0.71, 4 warps 0.79-0.85; 4
     words 0.40, 2 words 0.31; run 6): the greedy is a chain of 128 dependent picks per window, so
     more programs in flight beat wider ones."""
+    from kernels.sparse_prefill.config import triton_next_pow2
     from kernels.sparse_prefill.triton_grouping import _group_kernel
 
     t, hkv, k = topk_ids.shape
     n_tiles = tile_req.shape[0]
     tokmap = torch.full((n_tiles, hkv, tile_q), -1, dtype=torch.int32, device=topk_ids.device)
-    _group_kernel[(n_tiles * hkv,)](topk_ids, cu_seqlens_q, tile_req, tile_start, tokmap,
-                                    topk_ids.stride(0), topk_ids.stride(1), tokmap.stride(0), tokmap.stride(1),
-                                    HKV=hkv, TQ=tile_q, NT=WINDOW_TILES, TOPK=k, NW=words, num_warps=num_warps)
+    _group_kernel[(n_tiles,)](topk_ids, cu_seqlens_q, tile_req, tile_start, tokmap,
+                              topk_ids.stride(0), topk_ids.stride(1), tokmap.stride(0), tokmap.stride(1),
+                              HKV=hkv, HP=triton_next_pow2(hkv), TQ=tile_q, NT=WINDOW_TILES, TOPK=k, NW=words,
+                              num_warps=num_warps)
     return tokmap
 
 

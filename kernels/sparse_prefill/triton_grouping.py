@@ -6,11 +6,6 @@ import triton.language as tl
 
 
 @triton.jit
-def _or(a, b):
-    return a | b
-
-
-@triton.jit
 def _popcount32(x):
     """Set bits of each int32 (SWAR; every mask has bit 31 clear, so the arithmetic shifts are safe)."""
     x = x - ((x >> 1) & 0x55555555)
@@ -21,30 +16,28 @@ def _popcount32(x):
 
 @triton.jit
 def _hashed_bits(ids, NW: tl.constexpr):
-    """``[N, NW]`` int32: row i has the one bit of block ``ids[i]``'s hash (none for ids < 0); the
-    same multiplicative hash as ``grouping._hash_bits``."""
-    h = (((ids.to(tl.int64) * 2654435761) >> 16) & (NW * 32 - 1)).to(tl.int32)
+    """``[A, B, NW]`` int32 from ``ids [A, B]``: the one bit of each block's hash (none for ids < 0);
+    the same multiplicative hash as ``grouping._hash_bits``."""
+    # bits 16.. of the 64-bit product are those of the 32-bit one (the low bits of a product only
+    # depend on the factors' low bits): uint32 arithmetic, no int64 registers
+    h = (((ids.to(tl.uint32) * 2654435761) >> 16) & (NW * 32 - 1)).to(tl.int32)
     words = tl.arange(0, NW)
-    return tl.where(((h >> 5)[:, None] == words[None, :]) & (ids >= 0)[:, None], 1 << (h & 31)[:, None], 0)
-
-
-@triton.jit
-def _token_bits(IDS, t, stride_it, g, stride_ih, TOPK: tl.constexpr, NW: tl.constexpr):
-    """The hashed block set of token ``t`` (``NW`` int32 words), from its ids (an L1/L2 hit)."""
-    ids = tl.load(IDS + t.to(tl.int64) * stride_it + g * stride_ih + tl.arange(0, TOPK))
-    return tl.reduce(_hashed_bits(ids, NW), 0, _or)
+    return tl.where(((h >> 5)[:, :, None] == words[None, None, :]) & (ids >= 0)[:, :, None],
+                    1 << (h & 31)[:, :, None], 0)
 
 
 @triton.jit
 def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, stride_mt, stride_mh,
-                  HKV: tl.constexpr, TQ: tl.constexpr, NT: tl.constexpr, TOPK: tl.constexpr, NW: tl.constexpr):
-    """One program per (tile, KV head); only a window's first tile (its ``NT`` tiles = ``NT * TQ``
-    tokens of one request) does work. Each token's selected blocks hashed into an ``NW x 32``-bit
-    set; greedy: the lowest unassigned token seeds a tile, then ``TQ - 1`` times the unassigned token
-    with the most bits in common with the tile's union joins it (ties: the lower token)."""
-    pid = tl.program_id(0)
-    tile = pid // HKV
-    g = pid % HKV
+                  HKV: tl.constexpr, HP: tl.constexpr, TQ: tl.constexpr, NT: tl.constexpr, TOPK: tl.constexpr,
+                  NW: tl.constexpr):
+    """One program per tile; only a window's first tile (its ``NT`` tiles = ``NT * TQ`` tokens of one
+    request) does work, for all ``HKV`` KV heads at once (``HP``: HKV padded to a power of two): the
+    heads' greedy chains are independent, so running them side by side in one program hides each
+    pick's latency (a chain of reductions) behind the other heads' picks. Each token's selected
+    blocks hashed into an ``NW x 32``-bit set; greedy: the lowest unassigned token seeds a tile, then
+    ``TQ - 1`` times the unassigned token with the most bits in common with the tile's union joins
+    it (ties: the lower token)."""
+    tile = tl.program_id(0)
     req = tl.load(TILE_REQ + tile)
     if req < 0:
         return
@@ -55,25 +48,29 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
         return
     W: tl.constexpr = NT * TQ
     idx = tl.arange(0, W)
-    tok = t0 + idx
-    ok = tok < q_end
-    bm = tl.zeros([W, NW], tl.int32)
-    for a in tl.static_range(TOPK):  # one id column at a time: [W, NW] live, no [W, TOPK, NW]
-        col = tl.load(IDS + tok.to(tl.int64) * stride_it + g * stride_ih + a, mask=ok, other=-1)
+    heads = tl.arange(0, HP)
+    live = heads < HKV
+    ok = (t0 + idx < q_end)[None, :] & live[:, None]  # [HP, W]
+    tok64 = (t0 + idx).to(tl.int64)
+    bm = tl.zeros([HP, W, NW], tl.int32)
+    for a in range(0, TOPK):  # one id column at a time (not unrolled: the loads are not all hoisted)
+        col = tl.load(IDS + tok64[None, :] * stride_it + heads[:, None] * stride_ih + a, mask=ok, other=-1)
         bm = bm | _hashed_bits(col, NW)
     taken = ~ok
-    n_tiles = (tl.sum(ok.to(tl.int32), axis=0) + TQ - 1) // TQ
+    n_tiles = (tl.minimum(q_end - t0, W) + TQ - 1) // TQ
     for grp in range(0, n_tiles):
-        out_row = TOKMAP + (tile + grp).to(tl.int64) * stride_mt + g * stride_mh
-        seed = tl.min(tl.where(taken, W, idx), axis=0)
-        union = _token_bits(IDS, t0 + seed, stride_it, g, stride_ih, TOPK, NW)  # [NW]
-        taken = taken | (idx == seed)
-        tl.store(out_row, t0 + seed)
+        out_row = TOKMAP + (tile + grp).to(tl.int64) * stride_mt + heads * stride_mh  # [HP]
+        seed = tl.min(tl.where(taken, W, idx[None, :]), axis=1)  # [HP]; W for the padded heads
+        pick = idx[None, :] == seed[:, None]
+        union = tl.sum(tl.where(pick[:, :, None], bm, 0), axis=1)  # [HP, NW]: the one picked row
+        taken = taken | pick
+        tl.store(out_row, t0 + seed, mask=live)
         for s in range(1, TQ):
-            score = tl.sum(_popcount32(bm & union[None, :]), axis=1)
+            score = tl.sum(_popcount32(bm & union[:, None, :]), axis=2)  # [HP, W]
             score = tl.where(taken, -1, score)
-            best = tl.argmax(score, axis=0, tie_break_left=True)
-            has = tl.max(score, axis=0) >= 0
-            union = union | _token_bits(IDS, t0 + best, stride_it, g, stride_ih, TOPK, NW)
-            taken = taken | ((idx == best) & has)
-            tl.store(out_row + s, tl.where(has, t0 + best, -1))
+            best = tl.argmax(score, axis=1, tie_break_left=True)
+            has = tl.max(score, axis=1) >= 0
+            pick = (idx[None, :] == best[:, None]) & has[:, None]
+            union = union | tl.sum(tl.where(pick[:, :, None], bm, 0), axis=1)
+            taken = taken | pick
+            tl.store(out_row + s, tl.where(has, t0 + best, -1), mask=live)
