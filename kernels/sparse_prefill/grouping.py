@@ -12,14 +12,14 @@ HASH_WORDS = 4  # a token's blocks hashed into 4 x 32 bits (a power of two; Tile
 
 
 def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
-                tile_q: int, num_warps: int = 1, words: int = HASH_WORDS) -> torch.Tensor:
+                tile_q: int, num_warps: int = 2, words: int = HASH_WORDS) -> torch.Tensor:
     """int32 ``[tiles, Hkv, tile_q]``: the tokens of each (tile, KV head), -1 for empty slots.
 
     One Triton launch, no host sync; ``tile_req`` / ``tile_start`` from ``tile_table(...,
-    longest_first=False)`` (a request's tiles adjacent, in order). One warp per window is the
-    fastest measured (H200, M3 64K, 8 words: 0.54-0.60 ms, 2 warps 0.67-0.71, 4 warps 0.79-0.85; 4
-    words 0.40, 2 words 0.31; run 6): the greedy is a chain of 128 dependent picks per window, so
-    more programs in flight beat wider ones."""
+    longest_first=False)`` (a request's tiles adjacent, in order). One program per window runs the
+    greedy (a chain of 128 dependent picks) of every KV head side by side. Measured on the H200 (M3,
+    4 words; run 7): 2 warps 0.31 ms at 64K and 0.58 at 128K, 1 warp 0.50 / 0.75, 4 warps 0.41 /
+    0.60; run 6's one program per (window, KV head) on 1 warp took 0.39-0.44 / 0.67."""
     from kernels.sparse_prefill.config import triton_next_pow2
     from kernels.sparse_prefill.triton_grouping import _group_kernel
 
