@@ -97,6 +97,10 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
             ("TMA, rare pass 4 warps, whole blocks (before)", TileConfig(rare_warps=4, rare_block_n=0)),
             ("TMA, rare pass 2 warps, 64-key steps (new default)", TileConfig()))},
     },
+    "run7f": {  # run 7, sweep 5: rare_max 2 once the rare pass got cheaper
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("run-7 default (rare_max 1)", TileConfig()), ("rare_max 2", TileConfig(rare_max=2)))},
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),
