@@ -44,7 +44,7 @@ class TileConfig:
     of the (token, KV head) items that have rare blocks instead of one program per item (run 6: 1-5%
     slower, opt-in); rare_pass "tail": each tile program adds its own tokens' rare blocks after its
     store (token by token, as the per-token pass) hoping that memory-bound work overlaps the other
-    program's MMAs on the SM (head_split 1 only; run 7: 7% slower at 64K and 128K, opt-in); tma: the
+    program's MMAs on the SM (head_split 1 only; run 7: 3-7% slower at 64K / 128K, opt-in); tma: the
     tile loop's K / V steps through tensor descriptors (the copy engine; Hopper and newer, contiguous
     caches; ``None``: on for 128-row tiles on Hopper when the caches are contiguous, run 7: tile
     kernel 3-4% faster, 24.24 -> 23.18 ms at 128K, 227.0 -> 219.2 at 1M; True where it cannot run is a

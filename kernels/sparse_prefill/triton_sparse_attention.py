@@ -229,12 +229,14 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     tile's tokens are ``TOKMAP[tile, g, :]`` (-1: empty slot) instead of ``t0 + j``. ``TAIL``
     (``HSPLIT`` 1): after its store the program adds its tokens' rare blocks (``RARE``, ``TOPK``
     slots per token) itself, token by token as the per-token merge pass would (same math, same
-    rounding), so that memory-bound work overlaps the MMAs of the other program on the SM. ``TMA``:
+    rounding), meant to overlap that memory-bound work with the other program's MMAs on the SM
+    (measured 3-7% slower: opt-in). ``TMA``:
     the union loop's K / V steps come through the tensor descriptors ``KDESC`` / ``VDESC`` over the
     contiguous caches seen as ``[pages * HKV * B, D]`` (row ``(page * HKV + g) * B + key``: the copy
     engine fills shared memory, no address registers) instead of pointer loads. ``HEAD_MAJOR``: the
     programs run KV head by KV head (all tiles of head 0 first), not tile by tile, so the programs in
-    flight together read one head's pages for a 4x longer stretch of tokens."""
+    flight together read one head's pages for an ``HKV`` times longer stretch of tokens (measured no
+    faster: opt-in)."""
     KN: tl.constexpr = B if BN == 0 else BN
     NSUB: tl.constexpr = B // KN
     GS: tl.constexpr = G // HSPLIT
