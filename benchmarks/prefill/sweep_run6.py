@@ -8,8 +8,9 @@ default; each variant checked against the fp32 reference on the GPU before it is
     python3 benchmarks/prefill/sweep_run6.py --dry-cpu --out /tmp/x                             # tiny
 
 Run 7 (session 5) added the sets ``run7`` (the rare pass in the tile program's tail, TMA descriptors),
-``run7b`` (TMA, head-major program order), ``run7c`` (32-key steps with TMA) and ``run7d`` (the rare
-pass's launch; ``knobs_run7.py`` timed its knobs alone), each in two rounds
+``run7b`` (TMA, head-major program order), ``run7c`` (32-key steps with TMA), ``run7d`` (the rare
+pass's launch; ``knobs_run7.py`` timed its knobs alone), ``run7f`` (rare_max) and ``run7g`` (stages,
+hash words), each in two rounds
 where calls drift; ``--final`` takes whatever ``TileConfig()`` resolves to (run 7: TMA on).
 
 Timing, FLOP conventions and the checks as ``sweep_run5.py`` (whose helpers it uses): median of
@@ -100,6 +101,12 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
     "run7f": {  # run 7, sweep 5: rare_max 2 once the rare pass got cheaper
         **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
             ("run-7 default (rare_max 1)", TileConfig()), ("rare_max 2", TileConfig(rare_max=2)))},
+    },
+    "run7g": {  # run 7, sweep 6: 3 stages with TMA, 8 hash words with the per-window regrouping
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("run-7 default", TileConfig()), ("3 stages", TileConfig(num_stages=3)),
+            ("8 hash words", TileConfig(group_words=8)),
+            ("3 stages, 8 hash words", TileConfig(num_stages=3, group_words=8)))},
     },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
