@@ -27,9 +27,10 @@ class TileConfig:
     ``triton_sparse_attention.py``); block_n: keys per loop step (0: the whole block; ``B / block_n``
     steps per union block); maxnreg: register cap per thread of the tile kernel (0: the compiler's
     choice; applied on Hopper and newer only); with 128-row tiles the defaults are 64 keys per step,
-    a 128-register cap, 2 stages and rare_max 1: two 8-warp programs fit on an SM (98 KB of shared
-    memory, 128 x 256 registers each) and one's softmax overlaps the other's MMAs (run 6: 64K 15.13 ->
-    14.06-14.41 ms, 128K 31.85 -> 30.05-30.45 ms; the tile loop 419 -> 483 TFLOP/s executed);
+    a 128-register cap, 3 stages (2 in run 6; ``default_tile_stages``) and rare_max 1: two 8-warp
+    programs fit on an SM (98 KB of shared memory, 128 x 256 registers each) and one's softmax
+    overlaps the other's MMAs (run 6: 64K 15.13 -> 14.06-14.41 ms, 128K 31.85 -> 30.05-30.45 ms; the
+    tile loop 419 -> 483 TFLOP/s executed);
     rare_pass: how the rare pairs are added, "token" (one program per token and KV head, each pair's
     K/V read for that token alone) or "window" (one program per window of 128 packed tokens and KV
     head: the tokens that chose the same rare block share one K/V read, up to ``rare_chunk`` tokens
@@ -118,10 +119,13 @@ def default_rare_max(group: int) -> int:
 
 
 def default_tile_stages(block_m: int, block_n: int = 0) -> int:
-    """Pipeline stages of the tile kernel: 3 at 128 rows with whole-block steps (run 4: 36.0 vs 36.8 ms
-    at 128K), 2 with 64-key steps (run 6: 14.17 vs 14.30 ms at 64K, 30.81 vs 30.53 at 128K: a tie;
-    2 stages keep the shared memory at 98 KB), else 2."""
-    return 3 if block_m >= 128 and not block_n else 2
+    """Pipeline stages of the tile kernel: 3 at 128 rows, else 2. Whole-block steps: run 4, 36.0 vs
+    36.8 ms at 128K. 64-key steps with TMA (the default on Hopper): run 7, 12.13 / 12.36 vs 12.33 /
+    12.50 ms at 64K, a tie at 128K; the TMA pipeline keeps two K / V buffers, so the shared memory
+    stays at 98 KB (two programs per SM). 64-key steps with pointer loads: run 6, 14.30 vs 14.17 ms
+    at 64K, 30.53 vs 30.81 at 128K (a tie). ``block_n`` is kept for callers; it no longer changes
+    the rule."""
+    return 3 if block_m >= 128 else 2
 
 
 def default_tile_q(group: int) -> int:
