@@ -10,8 +10,9 @@ default; each variant checked against the fp32 reference on the GPU before it is
 Run 7 (session 5) added the sets ``run7`` (the rare pass in the tile program's tail, TMA descriptors),
 ``run7b`` (TMA, head-major program order), ``run7c`` (32-key steps with TMA), ``run7d`` (the rare
 pass's launch; ``knobs_run7.py`` timed its knobs alone), ``run7f`` (rare_max) and ``run7g`` (stages,
-hash words), each in two rounds
-where calls drift; ``--final`` takes whatever ``TileConfig()`` resolves to (run 7: TMA on).
+hash words), A/B variants in two alternated rounds since calls drift by 1-3%. A label's "default"
+means ``TileConfig()`` as it resolved on the day (run 7's sets ran as the defaults moved, see
+RESULTS.md); ``--final`` takes whatever ``TileConfig()`` resolves to now.
 
 Timing, FLOP conventions and the checks as ``sweep_run5.py`` (whose helpers it uses): median of
 CUDA-event runs after a warm-up, 256 MiB L2 flush before each, structured index inputs, selections of
