@@ -153,10 +153,11 @@ def _launch_token_list(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k
 
 def tile_unions_for(cfg: TileConfig, topk_ids, page_table, cu_seqlens_q, tiles) -> TileUnions:
     """The unions the tile kernel loops over for a resolved ``cfg``: tiles regrouped first if
-    ``cfg.group``, rare blocks split off at ``cfg.rare_max``."""
+    ``cfg.group``, rare blocks split off at ``cfg.rare_max``, listed only for the per-token pass
+    (``rare_list``; the window and tail passes read ``rare_ids`` directly)."""
     tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, cfg.tile_q, words=cfg.group_words) if cfg.group else None
     return build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, cfg.tile_q, rare_max=cfg.rare_max, tokmap=tokmap,
-                        rare_list=cfg.rare_list)
+                        rare_list=cfg.rare_list and cfg.rare_pass == "token")
 
 
 def _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,

@@ -50,6 +50,7 @@ def _check(case, ids, out, lse):
     TileConfig(tile_q=4, rare_max=2, tma=True, rare_pass="tail", block_n=32),
     TileConfig(tile_q=4, rare_max=1, head_major=True, head_split=2),  # programs ordered head by head
     TileConfig(tile_q=8, rare_max=3, rare_block_n=32, rare_warps=2),  # rare pass in 32-key steps
+    TileConfig(tile_q=8, rare_max=2, rare_pass="tail", rare_list=True),  # the tail pass needs no list
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
