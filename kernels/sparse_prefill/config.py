@@ -82,7 +82,7 @@ class TileConfig:
         block_n = (64 if wide and block > 64 else 0) if self.block_n is None else self.block_n
         return TileConfig(tile_q=tile_q, rare_max=default_rare_max(group) if self.rare_max is None else self.rare_max,
                           head_split=self.head_split, num_warps=self.num_warps or (8 if wide else 4),
-                          num_stages=self.num_stages or default_tile_stages(block_m, block_n),
+                          num_stages=self.num_stages or default_tile_stages(block_m),
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
@@ -118,13 +118,12 @@ def default_rare_max(group: int) -> int:
     return 1 if group >= 8 else 0
 
 
-def default_tile_stages(block_m: int, block_n: int = 0) -> int:
+def default_tile_stages(block_m: int) -> int:
     """Pipeline stages of the tile kernel: 3 at 128 rows, else 2. Whole-block steps: run 4, 36.0 vs
     36.8 ms at 128K. 64-key steps with TMA (the default on Hopper): run 7, 12.13 / 12.36 vs 12.33 /
     12.50 ms at 64K, a tie at 128K; the TMA pipeline keeps two K / V buffers, so the shared memory
     stays at 98 KB (two programs per SM). 64-key steps with pointer loads: run 6, 14.30 vs 14.17 ms
-    at 64K, 30.53 vs 30.81 at 128K (a tie). ``block_n`` is kept for callers; it no longer changes
-    the rule."""
+    at 64K, 30.53 vs 30.81 at 128K (a tie)."""
     return 3 if block_m >= 128 else 2
 
 
