@@ -50,7 +50,9 @@ class TileConfig:
     caches; ``None``: on for 128-row tiles on Hopper when the caches are contiguous, run 7: tile
     kernel 3-4% faster, 24.24 -> 23.18 ms at 128K, 227.0 -> 219.2 at 1M; True where it cannot run is a
     ValueError); head_major: the tile programs run KV head by KV head instead of tile by tile (run 7:
-    no faster, opt-in). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    no faster, opt-in); kernel: "triton" (``_tile_kernel``) or "gluon" (``gluon_tile.py``: a producer
+    warp feeding TMA copies to two consumer warpgroups, Hopper, 128-row tiles, head_split 1, K / V
+    block_n keys per step, the token or window rare pass). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -72,6 +74,7 @@ class TileConfig:
     rare_block_n: int | None = None
     tma: bool | None = None
     head_major: bool = False
+    kernel: str = "triton"
 
     def resolved(self, group: int, block: int = 128) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads and
@@ -90,7 +93,7 @@ class TileConfig:
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps,
                           rare_block_n=(64 if wide and block > 64 else 0) if self.rare_block_n is None
                           else self.rare_block_n, tma=self.tma,
-                          head_major=self.head_major)
+                          head_major=self.head_major, kernel=self.kernel)
 
 
 def use_tma(tma: bool | None, hopper: bool, block_m: int, contiguous: bool) -> bool:

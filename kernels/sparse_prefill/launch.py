@@ -62,9 +62,13 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         raise ValueError(f"msa_prefill_attention: rare_pass must be 'token', 'window' or 'tail', got {cfg.rare_pass!r}")
     if cfg.rare_pass == "tail" and cfg.head_split != 1:
         raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
+    if cfg.kernel not in ("triton", "gluon"):
+        raise ValueError(f"msa_prefill_attention: kernel must be 'triton' or 'gluon', got {cfg.kernel!r}")
     hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
     block_m = tile_block_m(tile_q, group, cfg.head_split)
-    tma = use_tma(cfg.tma, hopper, block_m, k_cache.is_contiguous() and v_cache.is_contiguous())
+    if cfg.kernel == "gluon":
+        _check_gluon(cfg, q, block_m, flag)
+    tma = cfg.kernel == "triton" and use_tma(cfg.tma, hopper, block_m, k_cache.is_contiguous() and v_cache.is_contiguous())
     kdesc, vdesc = k_cache, v_cache  # unused unless tma
     if tma:
         kdesc, vdesc = _kv_descriptors(k_cache, v_cache, cfg.block_n or block, hopper)
@@ -74,19 +78,25 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         union = tile_unions_for(cfg, topk_ids, page_table, cu_seqlens_q, (tile_req, tile_start))
     tail = flag is None and union.rare_ids is not None and cfg.rare_pass == "tail"
     rare = union.rare_ids if tail else union.count
-    _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
-        union.union, union.pages, union.token_mask, union.count, out, lse,
-        flag if flag is not None else union.count, union.tokmap if union.tokmap is not None else union.count,
-        page_table, rare, kdesc, vdesc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        union.union.stride(0), union.union.stride(1), page_table.stride(0), rare.stride(0),
-        rare.stride(1) if tail else 0, scale * _LOG2E,
-        HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block,
-        UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
-        GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, TAIL=tail,
-        TOPK=topk_ids.shape[2], TMA=tma, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **extra)
+    if cfg.kernel == "gluon":
+        from kernels.sparse_prefill.gluon_tile import launch_gluon_tile
+
+        launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
+                          scale * _LOG2E, group, tile_q, cfg.block_n or block, cfg.num_stages)
+    else:
+        _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
+            q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
+            union.union, union.pages, union.token_mask, union.count, out, lse,
+            flag if flag is not None else union.count, union.tokmap if union.tokmap is not None else union.count,
+            page_table, rare, kdesc, vdesc, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+            union.union.stride(0), union.union.stride(1), page_table.stride(0), rare.stride(0),
+            rare.stride(1) if tail else 0, scale * _LOG2E,
+            HKV=hkv, G=group, TQ=tile_q, BLOCK_M=block_m, D=d, B=block,
+            UPCAST=interpreting(), HSPLIT=cfg.head_split, LAZY=cfg.lazy, EXP_FMA=cfg.exp_fma,
+            GATED=flag is not None, BN=cfg.block_n, GROUPED=union.tokmap is not None, TAIL=tail,
+            TOPK=topk_ids.shape[2], TMA=tma, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **extra)
     if flag is not None:  # one gated launch: plain per token when the flag is 0, else the merge
         _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)
@@ -101,6 +111,18 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     elif union.rare_ids is not None:
         launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                           cfg, block_m)
+
+
+def _check_gluon(cfg: TileConfig, q: torch.Tensor, block_m: int, flag) -> None:
+    """The Gluon tile kernel's limits, each a ValueError naming the fix."""
+    if interpreting() or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        raise ValueError("msa_prefill_attention: kernel='gluon' needs a Hopper GPU (sm_90); use kernel='triton'")
+    if block_m != 128 or cfg.head_split != 1:
+        raise ValueError(f"msa_prefill_attention: kernel='gluon' needs 128-row tiles (tile_q x group = 128, "
+                         f"head_split 1), got {block_m} rows; use kernel='triton'")
+    if flag is not None or cfg.rare_pass == "tail":
+        raise ValueError("msa_prefill_attention: kernel='gluon' runs with the 'token' or 'window' rare pass and "
+                         "design='tile'; use kernel='triton' for design='auto_device' or rare_pass='tail'")
 
 
 def launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,

@@ -1,0 +1,109 @@
+"""Run 8: the warp-specialised Gluon tile kernel against the Triton tile kernel, each alone on the same
+unions (M3 shape, selections of the real fused indexer, regrouped tiles, rare_max 1), outputs compared.
+
+    python3 benchmarks/prefill/gluon_run8.py --out DIR [--sizes 65536,131072] [--rounds 2]   # H200
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_prefill import DEV, SHAPES, make_inputs, run_info, timed  # noqa: E402
+from kernels._common.tiles import tile_table  # noqa: E402
+from kernels.indexer import msa_indexer  # noqa: E402
+from kernels.sparse_prefill.config import TileConfig  # noqa: E402
+from kernels.sparse_prefill.gluon_tile import launch_gluon_tile  # noqa: E402
+from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
+from kernels.sparse_prefill.launch import _launch_tile  # noqa: E402
+from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
+
+_LOG2E = 1.4426950408889634
+# label -> (keys per step, stages, consumer registers, overlap of softmax and P V)
+GLUON = {
+    "gluon BN128 st2 overlap": (128, 2, 232, True),
+    "gluon BN128 st3 overlap": (128, 3, 232, True),
+    "gluon BN64 st3 overlap": (64, 3, 232, True),
+    "gluon BN64 st4 overlap": (64, 4, 232, True),
+    "gluon BN128 st2 plain": (128, 2, 232, False),
+    "gluon BN64 st3 plain": (64, 3, 232, False),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sizes", default="65536,131072")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=240)
+    ap.add_argument("--only", default="", help="comma-separated labels of GLUON to run (default all)")
+    args = ap.parse_args()
+    deadline = time.time() + args.budget_s
+    peak, info = run_info()
+    rows = []
+    shape = SHAPES["m3"]
+    scale = 1 / math.sqrt(shape["d"])
+    variants = {k: v for k, v in GLUON.items() if not args.only or k in args.only.split(",")}
+    for t in [int(s) for s in args.sizes.split(",")]:
+        if time.time() > deadline:
+            break
+        x = make_inputs(t, shape, True)
+        att = (x["q"], x["k_cache"], x["v_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
+        ids = msa_indexer(x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"], 16)
+        tiles = tile_table(x["cu_seqlens_q"], t, 8, longest_first=False)
+        tokmap = group_tiles(ids, x["cu_seqlens_q"], *tiles, 8)
+        u = build_unions(ids, x["page_table"], x["cu_seqlens_q"], *tiles, 8, rare_max=1, tokmap=tokmap)
+        tile_only = TileUnions(u.union, u.pages, u.token_mask, u.count, None, tokmap)
+        n_union = float(u.count[tiles[0] >= 0].sum())
+        exec_flops = n_union * 128 * shape["block"] * shape["d"] * 4
+        cfg = TileConfig().resolved(16, 128)
+        ref_out, ref_lse = torch.empty_like(x["q"]), torch.full((t, shape["hq"]), float("-inf"), device=DEV)
+        _launch_tile(*att, ids, ref_out, ref_lse, scale, 8, tiles=tiles, union=tile_only, config=cfg)
+        fns = {"triton tile kernel (default)": lambda: _launch_tile(*att, ids, ref_out, ref_lse, scale, 8, tiles=tiles,
+                                                                    union=tile_only, config=cfg)}
+        for label, (bn, st, regs, ov) in variants.items():
+            out, lse = torch.full_like(x["q"], float("nan")), torch.full((t, shape["hq"]), float("nan"), device=DEV)
+
+            def run(out=out, lse=lse, bn=bn, st=st, regs=regs, ov=ov):
+                launch_gluon_tile(x["q"], x["k_cache"], x["v_cache"], out, lse, x["cu_seqlens_q"], x["seq_lens_kv"],
+                                  *tiles, tile_only, scale * _LOG2E, 16, 8, bn, st, consumer_regs=regs, overlap=ov)
+            try:
+                run()
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - report and go on with the other variants
+                print(json.dumps(dict(case=f"T={t}", variant=label, error=repr(e)[:400])), flush=True)
+                continue
+            touched = ref_lse > float("-inf")
+            rel = float((out.float() - ref_out.float())[touched].norm() / ref_out.float()[touched].norm())
+            lse_err = float((lse - ref_lse)[touched].abs().max())
+            ok = rel < 4e-3 and lse_err < 1e-3 and not bool(torch.isnan(out[touched]).any())
+            print(json.dumps(dict(case=f"T={t}", variant=label, rel_err=rel, lse_max_err=lse_err, ok=ok)), flush=True)
+            if ok:
+                fns[label] = run
+        times = {k: [] for k in fns}
+        for _ in range(args.rounds):
+            for k, fn in fns.items():
+                times[k].append(timed(fn, 5))
+        for k, ts in times.items():
+            ms = sorted(ts)[len(ts) // 2]
+            tf = exec_flops / ms / 1e9
+            rows.append(dict(case=f"m3 T={t // 1024}K", variant=k, ms=round(ms, 3), ms_rounds=[round(v, 3) for v in ts],
+                             tflops_executed=round(tf, 1), frac_peak=round(tf / peak, 3),
+                             union_per_tile=round(n_union / int((tiles[0] >= 0).sum()) / 4, 2)))
+            print(json.dumps(rows[-1]), flush=True)
+        Path(args.out, "gluon_run8.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+        torch.cuda.empty_cache()
+    for r in rows:
+        print(f"{r['case']:<12} {r['variant']:<32} {r['ms']:>8.3f} ms {r['tflops_executed']:>6} TFLOP/s executed "
+              f"({r['frac_peak']}) rounds {r['ms_rounds']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Warp-specialised tile kernel for Hopper, written in Gluon (Triton's explicit-layout dialect).
+
+Same math and the same inputs as ``_tile_kernel`` in ``triton_sparse_attention.py`` (its reference is
+``naive.py``): one program per (tile, KV head), rows = the tile's ``TQ`` tokens x the group's ``G``
+heads (128), looping over the tile's union of selected blocks, each row masked to the blocks its
+token chose (the token-mask bit as a -inf bias folded into the exponent), the causal mask on steps
+that reach past the tile's first position, base-2 online softmax in fp32.
+
+What Triton's automatic pipeline cannot express, and why this kernel exists (RESULTS.md run 7):
+
+* a **producer warp** (``_producer``) issues the TMA copies of each step's K and V into a ring of
+  ``STAGES`` shared-memory buffers, with ``kready`` / ``vready`` barriers signalled by the copy
+  engine and ``kfree`` / ``vfree`` barriers signalled by the consumers;
+* the **consumers** (the default partition, 8 warps = two warpgroups of 64 rows) get the registers
+  the producer does not need, so the 64 x 128 score and output tiles live in registers without a
+  register cap, and
+* each step's score MMA ``S = Q K^T`` is issued **before** the previous step's ``P V`` MMA is waited
+  on (FlashAttention-3's intra-warpgroup overlap): the softmax of one step runs while the tensor
+  cores do the other step's ``P V``.
+
+Hopper only (sm_90: wgmma, TMA, mbarriers); no CPU interpreter exists for Gluon, so its tests are
+the GPU-marked ones against the fp32 reference. The launcher is ``launch_gluon_tile``.
+"""
+from __future__ import annotations
+
+import torch
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+_PART0 = gl.constexpr(0)  # the consumer warpgroups' row halves
+_PART1 = gl.constexpr(1)
+
+
+@gluon.jit
+def _producer(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, UPAGE, UCOUNT,
+              HKV: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, stride_ut, stride_uh):
+    """One warp: the TMA copies of every step's K and V rows ``(page * HKV + g) * B + key``."""
+    NSUB: gl.constexpr = B // BN
+    pid = gl.program_id(0)
+    tile = pid // HKV
+    g = pid % HKV
+    u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
+    n_steps = gl.load(UCOUNT + tile * HKV + g) * NSUB
+    for it in range(0, n_steps):
+        s = it % STAGES
+        free_phase = ((it // STAGES) & 1) ^ 1  # a fresh barrier counts as freed once
+        page = gl.load(UPAGE + u_off + it // NSUB)
+        row = (page * HKV + g) * B + (it % NSUB) * BN
+        mbarrier.wait(kfree.index(s), free_phase)
+        mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
+        tma.async_copy_global_to_shared(KDESC, [row, 0], kready.index(s), k_smem.index(s))
+        mbarrier.wait(vfree.index(s), free_phase)
+        mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
+        tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i, qk_scale,
+                  B: gl.constexpr, BN: gl.constexpr, p_layout: gl.constexpr, dt: gl.constexpr):
+    """Online-softmax update by step ``it``'s raw scores: the new row max and sum, the factor
+    ``alpha`` the accumulator must be rescaled by, and ``P`` in the A-operand layout of the P V MMA."""
+    NSUB: gl.constexpr = B // BN
+    u = it // NSUB
+    key0 = gl.load(UNION + u_off + u) * B + (it % NSUB) * BN
+    bits = gl.load(UMASK + u_off + u)
+    bias = gl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose the block
+    if key0 + (BN - 1) > pos_min:  # a key of this step lies past some row: causal mask
+        s_raw = gl.where((key0 + offs_n)[None, :] <= pos[:, None], s_raw, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s_raw, axis=1) * qk_scale + bias)
+    alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))  # 0 while m_i = -inf
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s_raw * qk_scale - (m_ref - bias)[:, None])  # non-member rows: reference +inf, p = 0
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return m_new, l_i, alpha, gl.convert_layout(p.to(dt), p_layout)
+
+
+@gluon.jit
+def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
+              kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+              qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
+              WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              GROUPED: gl.constexpr, OVERLAP: gl.constexpr):
+    """One warpgroup: rows ``PART * WM ..`` of the tile (``WM`` = 64), their own online softmax."""
+    NSUB: gl.constexpr = B // BN
+    BLOCK_M: gl.constexpr = WM
+    num_warps: gl.constexpr = 4
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+
+    pid = gl.program_id(0)
+    tile = pid // HKV
+    g = pid % HKV
+    req = gl.load(TILE_REQ + tile)
+    t0 = gl.load(TILE_START + tile)
+    q_beg = gl.load(CUQ + req)
+    q_end = gl.load(CUQ + req + 1)
+    kv_len = gl.load(SEQ + req)
+    u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
+    n_steps = gl.load(UCOUNT + tile * HKV + g) * NSUB
+
+    # Q: the tile's rows gathered into shared memory (the A operand of every score MMA)
+    rq = PART * WM + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+    if GROUPED:
+        tq = gl.load(TOKMAP + (tile * HKV + g).to(gl.int64) * TQ + rq // G)
+        okq = tq >= 0
+        tq = gl.maximum(tq, 0)
+    else:
+        tq = t0 + rq // G
+        okq = tq < q_end
+    dq = gl.arange(0, D, layout=gl.SliceLayout(0, q_layout))
+    q = gl.load(Q + tq.to(gl.int64)[:, None] * stride_qt + (g * G + rq % G)[:, None] * stride_qh + dq[None, :],
+                mask=okq[:, None], other=0.0)
+    q_smem = q_smem.index(PART)
+    q_smem.store(q)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    # the rows' tokens and positions in the score layout
+    rows = PART * WM + gl.arange(0, BLOCK_M, layout=row_s)
+    if GROUPED:
+        tok = gl.load(TOKMAP + (tile * HKV + g).to(gl.int64) * TQ + rows // G)
+        row_ok = tok >= 0
+        tok = gl.maximum(tok, 0)
+    else:
+        tok = t0 + rows // G
+        row_ok = tok < q_end
+    pos = kv_len - (q_end - q_beg) + (tok - q_beg)
+    pos_min = gl.min(gl.where(row_ok, pos, 2147483647), axis=0)
+    row_bit = rows // G
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BN], gl.float32, layout=s_layout)
+    if not OVERLAP:
+        for it in range(0, n_steps):
+            st = it % STAGES
+            phase = (it // STAGES) & 1
+            mbarrier.wait(kready.index(st), phase)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
+            mbarrier.arrive(kfree.index(st))
+            m_i, l_i, alpha, p_op = _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i,
+                                                  l_i, qk_scale, B, BN, p_layout, k_smem.dtype)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            mbarrier.wait(vready.index(st), phase)
+            o_tok = warpgroup_mma(p_op, v_smem.index(st), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+            mbarrier.arrive(vfree.index(st))
+    elif n_steps > 0:
+        # step 0's scores and softmax; then each step issues its score MMA and the previous step's
+        # P V MMA together and runs its softmax while P V is still on the tensor cores
+        mbarrier.wait(kready.index(0), 0)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
+        mbarrier.arrive(kfree.index(0))
+        m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i,
+                                              qk_scale, B, BN, p_layout, k_smem.dtype)
+        for it in range(1, n_steps):
+            st = it % STAGES
+            phase = (it // STAGES) & 1
+            prev = (it - 1) % STAGES
+            mbarrier.wait(kready.index(st), phase)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(vready.index(prev), ((it - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
+            mbarrier.arrive(kfree.index(st))
+            m_i, l_i, alpha, p_op = _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
+                                                  m_i, l_i, qk_scale, B, BN, p_layout, k_smem.dtype)
+            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+            mbarrier.arrive(vfree.index(prev))
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        last = (n_steps - 1) % STAGES
+        mbarrier.wait(vready.index(last), ((n_steps - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        mbarrier.arrive(vfree.index(last))
+
+    # epilogue: normalise, store out and the natural-log LSE
+    l_o = gl.convert_layout(l_i, row_o)
+    nonempty = l_o > 0
+    out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
+    ro = PART * WM + gl.arange(0, BLOCK_M, layout=row_o)
+    if GROUPED:
+        to = gl.load(TOKMAP + (tile * HKV + g).to(gl.int64) * TQ + ro // G)
+        ok_o = to >= 0
+        to = gl.maximum(to, 0)
+    else:
+        to = t0 + ro // G
+        ok_o = to < q_end
+    do = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    head = g * G + ro % G
+    gl.store(OUT + to.to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + do[None, :],
+             out.to(OUT.dtype.element_ty), mask=ok_o[:, None])
+    m_o = gl.convert_layout(m_i, row_o)
+    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+    gl.store(LSE + to.to(gl.int64) * (HKV * G) + head, lse, mask=ok_o)
+
+
+@gluon.jit
+def _gluon_tile_kernel(Q, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE, UMASK, UCOUNT,
+                       stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                       HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
+                       B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OVERLAP: gl.constexpr):
+    """Launched with 4 warps: the default partition is consumer 0; the workers consumer 1 (4 warps) and
+    the producer (1 warp)."""
+    if gl.load(TILE_REQ + gl.program_id(0) // HKV) < 0:
+        return
+    WM: gl.constexpr = BLOCK_M // 2
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
+    q_smem = gl.allocate_shared_memory(KDESC.dtype, [2, WM, D], q_layout)
+    k_smem = gl.allocate_shared_memory(KDESC.dtype, [STAGES, BN, D], KDESC.layout)
+    v_smem = gl.allocate_shared_memory(VDESC.dtype, [STAGES, BN, D], VDESC.layout)
+    kready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kready.index(i), count=1)
+        mbarrier.init(vready.index(i), count=1)
+        mbarrier.init(kfree.index(i), count=2)  # one arrive per consumer warpgroup
+        mbarrier.init(vfree.index(i), count=2)
+    gl.warp_specialize([
+        (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
+                     kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+                     qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, OVERLAP)),
+        (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
+                     kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+                     qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, OVERLAP)),
+        (_producer, (KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, UPAGE, UCOUNT, HKV, B, BN, STAGES,
+                     stride_ut, stride_uh)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
+                      qk_scale: float, group: int, tile_q: int, block_n: int, stages: int,
+                      consumer_regs: int = 232, producer_regs: int = 40, overlap: bool = True) -> None:
+    """One program per (tile, KV head) over ``union`` (``unions.py``), writing ``out`` / ``lse`` of
+    the union blocks; ``qk_scale`` includes log2(e). The caller checked the limits (``launch.py``)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    t, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
+    kdesc = TensorDescriptor.from_tensor(k_cache.view(-1, d), [block_n, d], layout)
+    vdesc = TensorDescriptor.from_tensor(v_cache.view(-1, d), [block_n, d], layout)
+    tokmap = union.tokmap if union.tokmap is not None else union.count
+    _gluon_tile_kernel[(tile_req.shape[0] * hkv,)](
+        q, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union, union.pages,
+        union.token_mask, union.count, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_q * group,
+        D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, CONSUMER_REGS=consumer_regs,
+        PRODUCER_REGS=producer_regs, OVERLAP=overlap, num_warps=4)

@@ -1,0 +1,82 @@
+"""The warp-specialised Gluon tile kernel (Hopper only) against the fp32 reference, and its limits."""
+import dataclasses
+
+import pytest
+import torch
+
+from kernels.sparse_prefill import msa_prefill_attention
+from kernels.sparse_prefill.config import TileConfig
+from kernels.sparse_prefill.naive import sparse_attention_reference
+
+CUDA = torch.cuda.is_available()
+HOPPER = CUDA and torch.cuda.get_device_capability()[0] == 9
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _run(case, ids, cfg):
+    out = torch.full_like(case["q"], float("nan"))
+    lse = torch.full(case["q"].shape[:2], float("nan"), device=case["q"].device)
+    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                          case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
+    return out, lse
+
+
+def _indexer_ids(case, topk):
+    from kernels.indexer import msa_indexer
+    return msa_indexer(case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"],
+                       case["seq_lens_kv"], topk)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("cfg", [
+    TileConfig(kernel="gluon"),  # 64-key steps, 3 stages, regrouped tiles, rare_max 1
+    TileConfig(kernel="gluon", block_n=128, num_stages=2),
+    TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),
+    TileConfig(kernel="gluon", block_n=64, num_stages=4, rare_max=2, rare_pass="window"),
+    TileConfig(kernel="gluon", block_n=32, num_stages=2, rare_max=3),
+])
+@pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk,tile_q", [
+    ([1500, 700], [6000, 700], 4, 16, 128, 128, 16, 8),  # M3 shape, prefix in the cache, two requests
+    ([37, 300], [2100, 300], 2, 8, 64, 64, 8, 16),        # d 64, B 64, 16-token tiles, T < tile for one
+    ([90], [90], 1, 4, 128, 128, 4, 32),                 # T < B: only the own block, 32-token tiles
+])
+def test_gluon_tile_matches_reference(paged_case, cfg, q_lens, kv_lens, hkv, group, d, block, topk, tile_q):
+    if cfg.block_n and block % cfg.block_n:
+        pytest.skip("block_n must divide the block")
+    case = paged_case(q_lens, kv_lens, hkv=hkv, group=group, d=d, block=block, d_idx=d, dtype=torch.bfloat16,
+                      device="cuda", seed=group + topk)
+    ids = _indexer_ids(case, topk)
+    cfg = dataclasses.replace(cfg, tile_q=tile_q)
+    out, lse = _run(case, ids, cfg)
+    ref_out, ref_lse = sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
+                                                  case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten (NaN-poisoned) output"
+    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_gluon_tile_equals_triton_tile_kernel(paged_case):
+    # the same unions through both tile kernels: the same math, so bf16-rounding close
+    case = paged_case([2000], [9000], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=5)
+    ids = _indexer_ids(case, 16)
+    out_t, lse_t = _run(case, ids, TileConfig())
+    out_g, lse_g = _run(case, ids, TileConfig(kernel="gluon"))
+    assert (out_g.float() - out_t.float()).norm() / out_t.float().norm() < 4e-3
+    torch.testing.assert_close(lse_g, lse_t, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (TileConfig(kernel="cuda"), "kernel must be 'triton' or 'gluon'"),
+    (TileConfig(kernel="gluon", tile_q=4), "needs a Hopper GPU|needs 128-row tiles"),
+    (TileConfig(kernel="gluon", rare_pass="tail"), "needs a Hopper GPU|rare pass"),
+])
+def test_gluon_tile_limits_are_value_errors(paged_case, cfg, match):
+    case = paged_case([20], [300], hkv=1, group=16, d=64, block=64, device=DEV)
+    from kernels.indexer import naive as indexer_naive
+    ids = indexer_naive.indexer_paged_reference(case["q_idx"], case["k_idx_cache"], case["page_table"],
+                                                case["cu_seqlens_q"], case["seq_lens_kv"], 4)
+    with pytest.raises(ValueError, match=match):
+        _run(case, ids, cfg)
