@@ -26,14 +26,15 @@ from kernels.sparse_prefill.launch import _launch_tile  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
 _LOG2E = 1.4426950408889634
-# label -> (keys per step, stages, consumer registers, overlap of softmax and P V)
+# label -> (keys per step, stages, consumer registers, persistent). Call 1 also timed a consumer that
+# waited for each step's P V before its next score MMA ("plain"): 10.62 / 23.11 ms at 64K / 128K
+# with whole-block steps against 9.31 / 20.54 overlapped (results_h200_run8_gluon1.json).
 GLUON = {
-    "gluon BN128 st2 overlap": (128, 2, 232, True),
-    "gluon BN128 st3 overlap": (128, 3, 232, True),
-    "gluon BN64 st3 overlap": (64, 3, 232, True),
-    "gluon BN64 st4 overlap": (64, 4, 232, True),
-    "gluon BN128 st2 plain": (128, 2, 232, False),
-    "gluon BN64 st3 plain": (64, 3, 232, False),
+    "gluon BN128 st2": (128, 2, 232, False),
+    "gluon BN128 st2 persistent": (128, 2, 232, True),
+    "gluon BN128 st3 persistent": (128, 3, 232, True),
+    "gluon BN64 st4 persistent": (64, 4, 232, True),
+    "gluon BN128 st2 persistent 240 regs": (128, 2, 240, True),
 }
 
 
@@ -68,22 +69,25 @@ def main() -> None:
         _launch_tile(*att, ids, ref_out, ref_lse, scale, 8, tiles=tiles, union=tile_only, config=cfg)
         fns = {"triton tile kernel (default)": lambda: _launch_tile(*att, ids, ref_out, ref_lse, scale, 8, tiles=tiles,
                                                                     union=tile_only, config=cfg)}
-        for label, (bn, st, regs, ov) in variants.items():
+        for label, (bn, st, regs, pers) in variants.items():
             out, lse = torch.full_like(x["q"], float("nan")), torch.full((t, shape["hq"]), float("nan"), device=DEV)
 
-            def run(out=out, lse=lse, bn=bn, st=st, regs=regs, ov=ov):
+            def run(out=out, lse=lse, bn=bn, st=st, regs=regs, pers=pers):
                 launch_gluon_tile(x["q"], x["k_cache"], x["v_cache"], out, lse, x["cu_seqlens_q"], x["seq_lens_kv"],
-                                  *tiles, tile_only, scale * _LOG2E, 16, 8, bn, st, consumer_regs=regs, overlap=ov)
+                                  *tiles, tile_only, scale * _LOG2E, 16, 8, bn, st, consumer_regs=regs, persistent=pers)
             try:
                 run()
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - report and go on with the other variants
                 print(json.dumps(dict(case=f"T={t}", variant=label, error=repr(e)[:400])), flush=True)
                 continue
-            touched = ref_lse > float("-inf")
-            rel = float((out.float() - ref_out.float())[touched].norm() / ref_out.float()[touched].norm())
-            lse_err = float((lse - ref_lse)[touched].abs().max())
-            ok = rel < 4e-3 and lse_err < 1e-3 and not bool(torch.isnan(out[touched]).any())
+            sub = slice(None, None, 16)  # every 16th token (full fp32 copies at 1M would not fit)
+            touched = ref_lse[sub] > float("-inf")
+            o, r = out[sub].float()[touched], ref_out[sub].float()[touched]
+            rel = float((o - r).norm() / r.norm())
+            lse_err = float((lse[sub] - ref_lse[sub])[touched].abs().max())
+            ok = rel < 4e-3 and lse_err < 1e-3 and not bool(torch.isnan(o).any())
+            del o, r
             print(json.dumps(dict(case=f"T={t}", variant=label, rel_err=rel, lse_max_err=lse_err, ok=ok)), flush=True)
             if ok:
                 fns[label] = run

@@ -109,6 +109,13 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
             ("8 hash words", TileConfig(group_words=8)),
             ("3 stages, 8 hash words", TileConfig(num_stages=3, group_words=8)))},
     },
+    "run8": {  # run 8, sweep 1: the warp-specialised Gluon tile kernel (whole blocks per step, 2 stages)
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("run-7 default (Triton tile kernel)", TileConfig(kernel="triton")),
+            ("gluon, one program per item", TileConfig(kernel="gluon", persistent=False)),
+            ("gluon persistent", TileConfig(kernel="gluon", persistent=True)),
+            ("gluon persistent, 3 stages", TileConfig(kernel="gluon", persistent=True, num_stages=3)))},
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),
@@ -177,7 +184,8 @@ def final_case(rows, name: str, t: int, peak: float, deadline: float) -> None:
         topk_rounds(rows, t)
         return
     big = t >= (640 if DRY else 1 << 20)
-    whole_prefill(rows, name, t, TileConfig().resolved(16, 128) if name == "m3" else None, peak, deadline,
+    sm90 = not DRY and torch.cuda.get_device_capability()[0] == 9  # the default tile kernel is the device's
+    whole_prefill(rows, name, t, TileConfig().resolved(16, 128, sm90=sm90) if name == "m3" else None, peak, deadline,
                   dense=not big, topk_baseline=False)
     if big:
         total = [r for r in rows.rows if r["stage"] == "MSA total = indexer + attention"][-1]["ms"]

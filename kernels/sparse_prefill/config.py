@@ -52,7 +52,10 @@ class TileConfig:
     ValueError); head_major: the tile programs run KV head by KV head instead of tile by tile (run 7:
     no faster, opt-in); kernel: "triton" (``_tile_kernel``) or "gluon" (``gluon_tile.py``: a producer
     warp feeding TMA copies to two consumer warpgroups, Hopper, 128-row tiles, head_split 1, K / V
-    block_n keys per step, the token or window rare pass). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    block_n keys per step, whole blocks and 2 stages unless set, the token or window rare pass;
+    ``None``: ``default_kernel``, run 8: tile kernel alone 23.24 -> 20.54 ms at 128K); persistent: the
+    Gluon kernel runs one program per SM, each taking (tile, KV head) items in turn (``None``: on for
+    the Gluon kernel, run 8: 21.12 -> 20.55 ms at 128K). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -74,18 +77,21 @@ class TileConfig:
     rare_block_n: int | None = None
     tma: bool | None = None
     head_major: bool = False
-    kernel: str = "triton"
+    kernel: str | None = None
+    persistent: bool | None = None
 
-    def resolved(self, group: int, block: int = 128) -> "TileConfig":
-        """This config with every ``None`` replaced by the default for a group of ``group`` heads and
-        KV blocks of ``block`` keys."""
+    def resolved(self, group: int, block: int = 128, sm90: bool = False) -> "TileConfig":
+        """This config with every ``None`` replaced by the default for a group of ``group`` heads, KV
+        blocks of ``block`` keys and (the tile kernel) a Hopper GPU or not."""
         tile_q = self.tile_q or default_tile_q(group)
         block_m = tile_block_m(tile_q, group, self.head_split)
+        kernel = self.kernel or default_kernel(sm90, block_m, self.head_split, self.rare_pass)
         wide = block_m >= 128  # the two-programs-per-SM defaults (run 6)
-        block_n = (64 if wide and block > 64 else 0) if self.block_n is None else self.block_n
+        gluon = kernel == "gluon"  # whole blocks per step, 2 stages (run 8)
+        block_n = (0 if gluon else 64 if wide and block > 64 else 0) if self.block_n is None else self.block_n
         return TileConfig(tile_q=tile_q, rare_max=default_rare_max(group) if self.rare_max is None else self.rare_max,
                           head_split=self.head_split, num_warps=self.num_warps or (8 if wide else 4),
-                          num_stages=self.num_stages or default_tile_stages(block_m),
+                          num_stages=self.num_stages or (2 if gluon else default_tile_stages(block_m)),
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
@@ -93,7 +99,25 @@ class TileConfig:
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps,
                           rare_block_n=(64 if wide and block > 64 else 0) if self.rare_block_n is None
                           else self.rare_block_n, tma=self.tma,
-                          head_major=self.head_major, kernel=self.kernel)
+                          head_major=self.head_major, kernel=kernel,
+                          persistent=gluon if self.persistent is None else self.persistent)
+
+
+def default_kernel(sm90: bool, block_m: int, head_split: int, rare_pass: str) -> str:
+    """The tile kernel when ``TileConfig.kernel`` is None: the warp-specialised Gluon kernel where it
+    runs (sm_90, 128-row tiles, no head split, not the tail rare pass; run 8), else the Triton one.
+    The launch also keeps the Triton kernel for non-contiguous caches and the gated no-sync design."""
+    fits = sm90 and block_m == 128 and head_split == 1 and rare_pass != "tail"
+    return "gluon" if fits and gluon_available() else "triton"
+
+
+def gluon_available() -> bool:
+    """Whether this Triton has Gluon's Hopper language (wgmma, TMA, mbarriers, warp_specialize)."""
+    try:
+        from triton.experimental.gluon.language.nvidia import hopper
+    except ImportError:
+        return False
+    return hasattr(hopper, "warpgroup_mma")
 
 
 def use_tma(tma: bool | None, hopper: bool, block_m: int, contiguous: bool) -> bool:

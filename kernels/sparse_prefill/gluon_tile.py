@@ -35,26 +35,29 @@ _PART1 = gl.constexpr(1)
 
 
 @gluon.jit
-def _producer(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, UPAGE, UCOUNT,
+def _producer(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, TILE_REQ, UPAGE, UCOUNT, n_items,
               HKV: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, stride_ut, stride_uh):
-    """One warp: the TMA copies of every step's K and V rows ``(page * HKV + g) * B + key``."""
+    """One warp: the TMA copies of every step's K and V rows ``(page * HKV + g) * B + key``, for the
+    program's (tile, KV head) items in turn; ``c`` counts steps across items (ring slot and phase)."""
     NSUB: gl.constexpr = B // BN
-    pid = gl.program_id(0)
-    tile = pid // HKV
-    g = pid % HKV
-    u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
-    n_steps = gl.load(UCOUNT + tile * HKV + g) * NSUB
-    for it in range(0, n_steps):
-        s = it % STAGES
-        free_phase = ((it // STAGES) & 1) ^ 1  # a fresh barrier counts as freed once
-        page = gl.load(UPAGE + u_off + it // NSUB)
-        row = (page * HKV + g) * B + (it % NSUB) * BN
-        mbarrier.wait(kfree.index(s), free_phase)
-        mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
-        tma.async_copy_global_to_shared(KDESC, [row, 0], kready.index(s), k_smem.index(s))
-        mbarrier.wait(vfree.index(s), free_phase)
-        mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
-        tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+    c = 0
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        tile = item // HKV
+        g = item % HKV
+        u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
+        n_steps = gl.where(gl.load(TILE_REQ + tile) >= 0, gl.load(UCOUNT + item) * NSUB, 0)
+        for it in range(0, n_steps):
+            s = c % STAGES
+            free_phase = ((c // STAGES) & 1) ^ 1  # a fresh barrier counts as freed once
+            page = gl.load(UPAGE + u_off + it // NSUB)
+            row = (page * HKV + g) * B + (it % NSUB) * BN
+            mbarrier.wait(kfree.index(s), free_phase)
+            mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
+            tma.async_copy_global_to_shared(KDESC, [row, 0], kready.index(s), k_smem.index(s))
+            mbarrier.wait(vfree.index(s), free_phase)
+            mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
+            tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+            c += 1
 
 
 @gluon.jit
@@ -79,11 +82,31 @@ def _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
 
 @gluon.jit
 def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-              kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+              kready, vready, kfree, vfree, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
               qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
               WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              GROUPED: gl.constexpr, OVERLAP: gl.constexpr):
-    """One warpgroup: rows ``PART * WM ..`` of the tile (``WM`` = 64), their own online softmax."""
+              GROUPED: gl.constexpr):
+    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each of the program's (tile, KV head) items."""
+    c = 0
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        if gl.load(TILE_REQ + item // HKV) >= 0:
+            c = _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem,
+                               k_smem, v_smem, kready, vready, kfree, vfree, item, c, stride_qt, stride_qh,
+                               stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B, BN,
+                               STAGES, GROUPED)
+
+
+@gluon.jit
+def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
+                   kready, vready, kfree, vfree, item, c, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                   stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
+                   WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                   GROUPED: gl.constexpr):
+    """One item's rows: Q gathered into shared memory, the union loop, the store; ``c`` (steps of the
+    earlier items) places the item's steps in the ring; returns the count after them.
+
+    Step 0's scores and softmax come first; then each step issues its score MMA and the previous
+    step's P V MMA together and runs its softmax while P V is still on the tensor cores."""
     NSUB: gl.constexpr = B // BN
     BLOCK_M: gl.constexpr = WM
     num_warps: gl.constexpr = 4
@@ -96,16 +119,15 @@ def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK,
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
-    pid = gl.program_id(0)
-    tile = pid // HKV
-    g = pid % HKV
+    tile = item // HKV
+    g = item % HKV
     req = gl.load(TILE_REQ + tile)
     t0 = gl.load(TILE_START + tile)
     q_beg = gl.load(CUQ + req)
     q_end = gl.load(CUQ + req + 1)
     kv_len = gl.load(SEQ + req)
     u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
-    n_steps = gl.load(UCOUNT + tile * HKV + g) * NSUB
+    n_steps = gl.load(UCOUNT + item) * NSUB
 
     # Q: the tile's rows gathered into shared memory (the A operand of every score MMA)
     rq = PART * WM + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
@@ -142,37 +164,20 @@ def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK,
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_M, BN], gl.float32, layout=s_layout)
-    if not OVERLAP:
-        for it in range(0, n_steps):
-            st = it % STAGES
-            phase = (it // STAGES) & 1
-            mbarrier.wait(kready.index(st), phase)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
-            mbarrier.arrive(kfree.index(st))
-            m_i, l_i, alpha, p_op = _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i,
-                                                  l_i, qk_scale, B, BN, p_layout, k_smem.dtype)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            mbarrier.wait(vready.index(st), phase)
-            o_tok = warpgroup_mma(p_op, v_smem.index(st), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-            mbarrier.arrive(vfree.index(st))
-    elif n_steps > 0:
-        # step 0's scores and softmax; then each step issues its score MMA and the previous step's
-        # P V MMA together and runs its softmax while P V is still on the tensor cores
-        mbarrier.wait(kready.index(0), 0)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if n_steps > 0:
+        s0 = c % STAGES
+        mbarrier.wait(kready.index(s0), (c // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(s0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
-        mbarrier.arrive(kfree.index(0))
+        mbarrier.arrive(kfree.index(s0))
         m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i,
                                               qk_scale, B, BN, p_layout, k_smem.dtype)
         for it in range(1, n_steps):
-            st = it % STAGES
-            phase = (it // STAGES) & 1
-            prev = (it - 1) % STAGES
-            mbarrier.wait(kready.index(st), phase)
+            st = (c + it) % STAGES
+            prev = (c + it - 1) % STAGES
+            mbarrier.wait(kready.index(st), ((c + it) // STAGES) & 1)
             s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(vready.index(prev), ((it - 1) // STAGES) & 1)
+            mbarrier.wait(vready.index(prev), ((c + it - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
             mbarrier.arrive(kfree.index(st))
@@ -181,8 +186,8 @@ def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK,
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(vfree.index(prev))
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        last = (n_steps - 1) % STAGES
-        mbarrier.wait(vready.index(last), ((n_steps - 1) // STAGES) & 1)
+        last = (c + n_steps - 1) % STAGES
+        mbarrier.wait(vready.index(last), ((c + n_steps - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         mbarrier.arrive(vfree.index(last))
@@ -206,18 +211,18 @@ def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK,
     m_o = gl.convert_layout(m_i, row_o)
     lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     gl.store(LSE + to.to(gl.int64) * (HKV * G) + head, lse, mask=ok_o)
+    return c + n_steps
 
 
 @gluon.jit
 def _gluon_tile_kernel(Q, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE, UMASK, UCOUNT,
-                       stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                       n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                        HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
                        B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, OVERLAP: gl.constexpr):
+                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Launched with 4 warps: the default partition is consumer 0; the workers consumer 1 (4 warps) and
-    the producer (1 warp)."""
-    if gl.load(TILE_REQ + gl.program_id(0) // HKV) < 0:
-        return
+    the producer (1 warp). Each program takes the (tile, KV head) items ``pid, pid + programs, ..``
+    (one item per program when the grid covers them all; persistent when it is the SM count)."""
     WM: gl.constexpr = BLOCK_M // 2
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
     q_smem = gl.allocate_shared_memory(KDESC.dtype, [2, WM, D], q_layout)
@@ -234,21 +239,22 @@ def _gluon_tile_kernel(Q, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START
         mbarrier.init(vfree.index(i), count=2)
     gl.warp_specialize([
         (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                     qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, OVERLAP)),
+                     kready, vready, kfree, vfree, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                     stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED)),
         (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                     qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, OVERLAP)),
-        (_producer, (KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, UPAGE, UCOUNT, HKV, B, BN, STAGES,
+                     kready, vready, kfree, vfree, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                     stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED)),
+        (_producer, (KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, TILE_REQ, UPAGE, UCOUNT, n_items, HKV, B, BN, STAGES,
                      stride_ut, stride_uh)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
                       qk_scale: float, group: int, tile_q: int, block_n: int, stages: int,
-                      consumer_regs: int = 232, producer_regs: int = 40, overlap: bool = True) -> None:
-    """One program per (tile, KV head) over ``union`` (``unions.py``), writing ``out`` / ``lse`` of
-    the union blocks; ``qk_scale`` includes log2(e). The caller checked the limits (``launch.py``)."""
+                      consumer_regs: int = 232, producer_regs: int = 40, persistent: bool = False) -> None:
+    """The (tile, KV head) items over ``union`` (``unions.py``), writing ``out`` / ``lse`` of the union
+    blocks; ``qk_scale`` includes log2(e); ``persistent``: one program per SM taking items in turn
+    (else one per item). The caller checked the limits (``launch.py``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     t, hq, d = q.shape
@@ -258,9 +264,11 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     kdesc = TensorDescriptor.from_tensor(k_cache.view(-1, d), [block_n, d], layout)
     vdesc = TensorDescriptor.from_tensor(v_cache.view(-1, d), [block_n, d], layout)
     tokmap = union.tokmap if union.tokmap is not None else union.count
-    _gluon_tile_kernel[(tile_req.shape[0] * hkv,)](
+    n_items = tile_req.shape[0] * hkv
+    grid = min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else n_items
+    _gluon_tile_kernel[(grid,)](
         q, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union, union.pages,
-        union.token_mask, union.count, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        union.token_mask, union.count, n_items, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_q * group,
         D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, CONSUMER_REGS=consumer_regs,
-        PRODUCER_REGS=producer_regs, OVERLAP=overlap, num_warps=4)
+        PRODUCER_REGS=producer_regs, num_warps=4)

@@ -1,6 +1,8 @@
 """Launchers of the sparse prefill kernels (shapes already validated by ``op.py``)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels._common.tiles import tile_table, token_requests
@@ -50,7 +52,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     group = hq // hkv
     if config is None:
         config = TileConfig(tile_q=tile_q, rare_max=rare_max, num_warps=num_warps, num_stages=num_stages)
-    cfg = config.resolved(group, block)
+    cfg = resolve_config(config, group, block, q, k_cache, v_cache, gated=flag is not None)
     tile_q = cfg.tile_q
     if group % cfg.head_split:
         raise ValueError(f"msa_prefill_attention: head_split must divide the group size {group}, got {cfg.head_split}")
@@ -82,7 +84,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         from kernels.sparse_prefill.gluon_tile import launch_gluon_tile
 
         launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
-                          scale * _LOG2E, group, tile_q, cfg.block_n or block, cfg.num_stages)
+                          scale * _LOG2E, group, tile_q, cfg.block_n or block, cfg.num_stages,
+                          persistent=cfg.persistent)
     else:
         _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
             q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,
@@ -111,6 +114,15 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     elif union.rare_ids is not None:
         launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
                           cfg, block_m)
+
+
+def resolve_config(config: TileConfig, group: int, block: int, q, k_cache, v_cache, gated: bool) -> TileConfig:
+    """``config`` resolved for this launch: the Gluon tile kernel by default on sm_90 (``default_kernel``),
+    the Triton one for the gated no-sync launch and for non-contiguous caches."""
+    if config.kernel is None and (gated or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+        config = dataclasses.replace(config, kernel="triton")
+    sm90 = not interpreting() and q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9
+    return config.resolved(group, block, sm90=sm90)
 
 
 def _check_gluon(cfg: TileConfig, q: torch.Tensor, block_m: int, flag) -> None:

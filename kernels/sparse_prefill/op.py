@@ -12,7 +12,7 @@ from kernels._common.validate import check_choice, check_lengths, check_size, ch
 from kernels.sparse_prefill import naive
 from kernels.sparse_prefill.config import (TileConfig, default_rare_max, default_tile_q,
                                            default_tile_stages, prefer_tile, tile_flag, triton_next_pow2)
-from kernels.sparse_prefill.launch import _launch_tile, _launch_token, tile_unions_for
+from kernels.sparse_prefill.launch import _launch_tile, _launch_token, resolve_config, tile_unions_for
 from kernels.sparse_prefill.unions import TileUnions, build_unions, tile_unions
 
 __all__ = ["msa_prefill_attention", "TileConfig", "TileUnions", "build_unions", "tile_unions", "prefer_tile",
@@ -111,8 +111,9 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         return out, lse
     group = hq // k_cache.shape[1]
     cfg = tile_config or TileConfig()
-    cfg = replace(cfg, tile_q=cfg.tile_q or tile_q,
-                  rare_max=rare_max if cfg.rare_max is None else cfg.rare_max).resolved(group, k_cache.shape[2])
+    cfg = resolve_config(replace(cfg, tile_q=cfg.tile_q or tile_q,
+                                 rare_max=rare_max if cfg.rare_max is None else cfg.rare_max),
+                         group, k_cache.shape[2], q, k_cache, v_cache, gated=design == "auto_device")
     tile_q, rare_max = cfg.tile_q, int(cfg.rare_max)
     if tile_q not in TILE_Q_CHOICES:
         raise ValueError(f"{OP}: tile_q must be one of {TILE_Q_CHOICES}, got {tile_q}")

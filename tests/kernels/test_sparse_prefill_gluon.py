@@ -30,8 +30,9 @@ def _indexer_ids(case, topk):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("cfg", [
-    TileConfig(kernel="gluon"),  # 64-key steps, 3 stages, regrouped tiles, rare_max 1
-    TileConfig(kernel="gluon", block_n=128, num_stages=2),
+    TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, regrouped tiles, rare_max 1
+    TileConfig(kernel="gluon", persistent=True),  # one program per SM, items in turn
+    TileConfig(kernel="gluon", block_n=64, num_stages=3, persistent=True),
     TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),
     TileConfig(kernel="gluon", block_n=64, num_stages=4, rare_max=2, rare_pass="window"),
     TileConfig(kernel="gluon", block_n=32, num_stages=2, rare_max=3),

@@ -1,4 +1,6 @@
 """Tile-kernel options (head split, lazy rescale, exp FMA, merge-pass stages) and the no-sync auto design."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,7 @@ def test_tile_options_match_reference(paged_case, cfg, q_lens, kv_lens, hkv, gro
                       seed=group + topk)
     ids = _ids(case, topk)
     out, lse = _poisoned(case)
+    cfg = dataclasses.replace(cfg, kernel="triton")  # the Triton tile kernel's options (on sm_90 too)
     msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                           case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
     _check(case, ids, out, lse)
@@ -255,13 +258,15 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
     TileConfig(rare_pass="tail", rare_max=3, group=False), TileConfig(tma=True),
     TileConfig(tma=True, rare_pass="tail"), TileConfig(tma=True, group=False, block_n=0, maxnreg=0),
     TileConfig(head_major=True), TileConfig(head_major=True, tma=True),
-    TileConfig(rare_max=2, rare_block_n=0, rare_warps=4), None])
+    TileConfig(rare_max=2, rare_block_n=0, rare_warps=4), TileConfig(kernel="gluon", rare_max=2), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
     ids = msa_indexer(case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"],
                       case["seq_lens_kv"], 16)
     out, lse = _poisoned(case)
+    if cfg is not None and cfg.kernel is None:  # the Triton tile kernel's options; None: the op's defaults
+        cfg = dataclasses.replace(cfg, kernel="triton")
     msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                           case["seq_lens_kv"], ids, design="tile" if cfg else "auto", tile_config=cfg, out=out, lse=lse)
     _check(case, ids, out, lse)
