@@ -26,15 +26,15 @@ from kernels.sparse_prefill.launch import _launch_tile  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
 _LOG2E = 1.4426950408889634
-# label -> (keys per step, stages, consumer registers, persistent). Call 1 also timed a consumer that
-# waited for each step's P V before its next score MMA ("plain"): 10.62 / 23.11 ms at 64K / 128K
-# with whole-block steps against 9.31 / 20.54 overlapped (results_h200_run8_gluon1.json).
+# label -> launch_gluon_tile options. Call 1 also timed a consumer that waited for each step's P V
+# before its next score MMA ("plain"): 10.62 / 23.11 ms at 64K / 128K with whole-block steps against
+# 9.31 / 20.54 overlapped (results_h200_run8_gluon1.json); call 2 BN 64 / 4 stages, 240 registers.
 GLUON = {
-    "gluon BN128 st2": (128, 2, 232, False),
-    "gluon BN128 st2 persistent": (128, 2, 232, True),
-    "gluon BN128 st3 persistent": (128, 3, 232, True),
-    "gluon BN64 st4 persistent": (64, 4, 232, True),
-    "gluon BN128 st2 persistent 240 regs": (128, 2, 240, True),
+    "gluon (BN128 st2 persistent)": dict(block_n=128, stages=2, persistent=True),
+    "gluon + Q by TMA": dict(block_n=128, stages=2, persistent=True, q_tma=True),
+    "gluon + ping-pong": dict(block_n=128, stages=2, persistent=True, pingpong=True),
+    "gluon + Q by TMA + ping-pong": dict(block_n=128, stages=2, persistent=True, q_tma=True, pingpong=True),
+    "gluon + Q by TMA + ping-pong, per item": dict(block_n=128, stages=2, q_tma=True, pingpong=True),
 }
 
 
@@ -69,12 +69,12 @@ def main() -> None:
         _launch_tile(*att, ids, ref_out, ref_lse, scale, 8, tiles=tiles, union=tile_only, config=cfg)
         fns = {"triton tile kernel (default)": lambda: _launch_tile(*att, ids, ref_out, ref_lse, scale, 8, tiles=tiles,
                                                                     union=tile_only, config=cfg)}
-        for label, (bn, st, regs, pers) in variants.items():
+        for label, opts in variants.items():
             out, lse = torch.full_like(x["q"], float("nan")), torch.full((t, shape["hq"]), float("nan"), device=DEV)
 
-            def run(out=out, lse=lse, bn=bn, st=st, regs=regs, pers=pers):
+            def run(out=out, lse=lse, opts=opts):
                 launch_gluon_tile(x["q"], x["k_cache"], x["v_cache"], out, lse, x["cu_seqlens_q"], x["seq_lens_kv"],
-                                  *tiles, tile_only, scale * _LOG2E, 16, 8, bn, st, consumer_regs=regs, persistent=pers)
+                                  *tiles, tile_only, scale * _LOG2E, 16, 8, **opts)
             try:
                 run()
                 torch.cuda.synchronize()

@@ -55,7 +55,9 @@ class TileConfig:
     block_n keys per step, whole blocks and 2 stages unless set, the token or window rare pass;
     ``None``: ``default_kernel``, run 8: tile kernel alone 23.24 -> 20.54 ms at 128K); persistent: the
     Gluon kernel runs one program per SM, each taking (tile, KV head) items in turn (``None``: on for
-    the Gluon kernel, run 8: 21.12 -> 20.55 ms at 128K). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    the Gluon kernel, run 8: 21.12 -> 20.55 ms at 128K); q_tma: the Gluon kernel's producer warp copies
+    each item's Q with TMA into one of two buffers (groups of 8 or 16 heads, contiguous q) instead of
+    the consumers loading it; pingpong: its two consumer warpgroups take turns to issue their MMAs. Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -79,6 +81,8 @@ class TileConfig:
     head_major: bool = False
     kernel: str | None = None
     persistent: bool | None = None
+    q_tma: bool = False
+    pingpong: bool = False
 
     def resolved(self, group: int, block: int = 128, sm90: bool = False) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads, KV
@@ -100,7 +104,8 @@ class TileConfig:
                           rare_block_n=(64 if wide and block > 64 else 0) if self.rare_block_n is None
                           else self.rare_block_n, tma=self.tma,
                           head_major=self.head_major, kernel=kernel,
-                          persistent=gluon if self.persistent is None else self.persistent)
+                          persistent=gluon if self.persistent is None else self.persistent, q_tma=self.q_tma,
+                          pingpong=self.pingpong)
 
 
 def default_kernel(sm90: bool, block_m: int, head_split: int, rare_pass: str) -> str:

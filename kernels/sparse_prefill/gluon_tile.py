@@ -35,29 +35,50 @@ _PART1 = gl.constexpr(1)
 
 
 @gluon.jit
-def _producer(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, TILE_REQ, UPAGE, UCOUNT, n_items,
-              HKV: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, stride_ut, stride_uh):
-    """One warp: the TMA copies of every step's K and V rows ``(page * HKV + g) * B + key``, for the
-    program's (tile, KV head) items in turn; ``c`` counts steps across items (ring slot and phase)."""
+def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree, TILE_REQ,
+              TILE_START, TOKMAP, UPAGE, UCOUNT, n_items, stride_ut, stride_uh, HKV: gl.constexpr, G: gl.constexpr,
+              TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+              QTMA: gl.constexpr):
+    """One warp: the TMA copies, for the program's (tile, KV head) items in turn. ``QTMA``: first the
+    item's Q (one ``[G, D]`` box per token, rows ``token * HKV * G + g * G`` of Q seen as
+    ``[T * Hq, D]``; an empty slot's row is negative: zero-filled) into one of two Q buffers, so the
+    next item's Q arrives while the consumers finish this one; then every step's K and V rows
+    ``(page * HKV + g) * B + key``. ``c`` counts steps across items (ring slot and phase), ``n`` items."""
     NSUB: gl.constexpr = B // BN
+    HALF: gl.constexpr = TQ // 2
     c = 0
+    n = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         tile = item // HKV
         g = item % HKV
-        u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
-        n_steps = gl.where(gl.load(TILE_REQ + tile) >= 0, gl.load(UCOUNT + item) * NSUB, 0)
-        for it in range(0, n_steps):
-            s = c % STAGES
-            free_phase = ((c // STAGES) & 1) ^ 1  # a fresh barrier counts as freed once
-            page = gl.load(UPAGE + u_off + it // NSUB)
-            row = (page * HKV + g) * B + (it % NSUB) * BN
-            mbarrier.wait(kfree.index(s), free_phase)
-            mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
-            tma.async_copy_global_to_shared(KDESC, [row, 0], kready.index(s), k_smem.index(s))
-            mbarrier.wait(vfree.index(s), free_phase)
-            mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
-            tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
-            c += 1
+        req = gl.load(TILE_REQ + tile)
+        if req >= 0:
+            if QTMA:
+                qb = n % 2
+                mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
+                mbarrier.expect(qready.index(qb), TQ * QDESC.block_type.nbytes)
+                t0 = gl.load(TILE_START + tile)
+                for j in gl.static_range(TQ):
+                    if GROUPED:
+                        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + j)
+                    else:
+                        tok = t0 + j  # past the request: rows never stored
+                    tma.async_copy_global_to_shared(QDESC, [(tok * HKV + g) * G, 0], qready.index(qb),
+                                                    q_smem.index(qb * 2 + j // HALF).slice((j % HALF) * G, G))
+            u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
+            for it in range(0, gl.load(UCOUNT + item) * NSUB):
+                s = c % STAGES
+                free_phase = ((c // STAGES) & 1) ^ 1
+                page = gl.load(UPAGE + u_off + it // NSUB)
+                row = (page * HKV + g) * B + (it % NSUB) * BN
+                mbarrier.wait(kfree.index(s), free_phase)
+                mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
+                tma.async_copy_global_to_shared(KDESC, [row, 0], kready.index(s), k_smem.index(s))
+                mbarrier.wait(vfree.index(s), free_phase)
+                mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
+                tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+                c += 1
+            n += 1
 
 
 @gluon.jit
@@ -81,32 +102,54 @@ def _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
 
 
 @gluon.jit
+def _turn(turn, k, PART: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until it is this warpgroup's turn to issue MMAs (its ``k``-th turn)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(PART), k & 1)
+    return k + 1
+
+
+@gluon.jit
+def _pass_turn(turn, PART: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - PART))
+
+
+@gluon.jit
 def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-              kready, vready, kfree, vfree, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-              qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
-              WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              GROUPED: gl.constexpr):
-    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each of the program's (tile, KV head) items."""
+              qready, qfree, kready, vready, kfree, vfree, turn, n_items, stride_qt, stride_qh, stride_ot, stride_oh,
+              stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
+              TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
+              STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each of the program's (tile, KV head) items;
+    ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
     c = 0
+    n = 0
+    k = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         if gl.load(TILE_REQ + item // HKV) >= 0:
-            c = _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem,
-                               k_smem, v_smem, kready, vready, kfree, vfree, item, c, stride_qt, stride_qh,
-                               stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B, BN,
-                               STAGES, GROUPED)
+            c, k = _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem,
+                                  k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree, turn, item, c, n, k,
+                                  stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART,
+                                  HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, PINGPONG)
+            n += 1
 
 
 @gluon.jit
 def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                   kready, vready, kfree, vfree, item, c, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
-                   stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
-                   WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                   GROUPED: gl.constexpr):
-    """One item's rows: Q gathered into shared memory, the union loop, the store; ``c`` (steps of the
-    earlier items) places the item's steps in the ring; returns the count after them.
+                   qready, qfree, kready, vready, kfree, vfree, turn, item, c, n, k, stride_qt, stride_qh, stride_ot,
+                   stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
+                   G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
+                   BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr,
+                   PINGPONG: gl.constexpr):
+    """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
+    item's steps in the ring, ``n`` (earlier items) its Q buffer, ``k`` its ping-pong turns; returns
+    ``c`` and ``k`` after it.
 
     Step 0's scores and softmax come first; then each step issues its score MMA and the previous
-    step's P V MMA together and runs its softmax while P V is still on the tensor cores."""
+    step's P V MMA together and runs its softmax while P V is still on the tensor cores. ``PINGPONG``:
+    the two warpgroups take turns to issue those MMAs (FlashAttention-3's warpgroup ping-pong), so one
+    warpgroup's softmax runs while the other's MMAs are on the tensor cores."""
     NSUB: gl.constexpr = B // BN
     BLOCK_M: gl.constexpr = WM
     num_warps: gl.constexpr = 4
@@ -129,27 +172,31 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
     n_steps = gl.load(UCOUNT + item) * NSUB
 
-    # Q: the tile's rows gathered into shared memory (the A operand of every score MMA)
-    rq = PART * WM + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
-    if GROUPED:
-        tq = gl.load(TOKMAP + (tile * HKV + g).to(gl.int64) * TQ + rq // G)
-        okq = tq >= 0
-        tq = gl.maximum(tq, 0)
-    else:
-        tq = t0 + rq // G
-        okq = tq < q_end
-    dq = gl.arange(0, D, layout=gl.SliceLayout(0, q_layout))
-    q = gl.load(Q + tq.to(gl.int64)[:, None] * stride_qt + (g * G + rq % G)[:, None] * stride_qh + dq[None, :],
-                mask=okq[:, None], other=0.0)
-    q_smem = q_smem.index(PART)
-    q_smem.store(q)
-    fence_async_shared()
-    gl.thread_barrier()
+    if QTMA:  # Q in one of the two buffers the producer fills
+        qb = n % 2
+        q_tile = q_smem.index(qb * 2 + PART)
+        mbarrier.wait(qready.index(qb), (n // 2) & 1)
+    else:  # Q gathered by this warpgroup into its shared memory
+        rq = PART * WM + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
+        if GROUPED:
+            tq = gl.load(TOKMAP + item.to(gl.int64) * TQ + rq // G)
+            okq = tq >= 0
+            tq = gl.maximum(tq, 0)
+        else:
+            tq = t0 + rq // G
+            okq = tq < q_end
+        dq = gl.arange(0, D, layout=gl.SliceLayout(0, q_layout))
+        q = gl.load(Q + tq.to(gl.int64)[:, None] * stride_qt + (g * G + rq % G)[:, None] * stride_qh + dq[None, :],
+                    mask=okq[:, None], other=0.0)
+        q_tile = q_smem.index(PART)
+        q_tile.store(q)
+        fence_async_shared()
+        gl.thread_barrier()
 
     # the rows' tokens and positions in the score layout
     rows = PART * WM + gl.arange(0, BLOCK_M, layout=row_s)
     if GROUPED:
-        tok = gl.load(TOKMAP + (tile * HKV + g).to(gl.int64) * TQ + rows // G)
+        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + rows // G)
         row_ok = tok >= 0
         tok = gl.maximum(tok, 0)
     else:
@@ -167,7 +214,9 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     if n_steps > 0:
         s0 = c % STAGES
         mbarrier.wait(kready.index(s0), (c // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(s0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        k = _turn(turn, k, PART, PINGPONG)
+        s_tok = warpgroup_mma(q_tile, k_smem.index(s0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _pass_turn(turn, PART, PINGPONG)
         s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
         mbarrier.arrive(kfree.index(s0))
         m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i,
@@ -176,9 +225,11 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
             st = (c + it) % STAGES
             prev = (c + it - 1) % STAGES
             mbarrier.wait(kready.index(st), ((c + it) // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(vready.index(prev), ((c + it - 1) // STAGES) & 1)
+            k = _turn(turn, k, PART, PINGPONG)
+            s_tok = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            _pass_turn(turn, PART, PINGPONG)
             s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
             mbarrier.arrive(kfree.index(st))
             m_i, l_i, alpha, p_op = _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
@@ -188,9 +239,13 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         last = (c + n_steps - 1) % STAGES
         mbarrier.wait(vready.index(last), ((c + n_steps - 1) // STAGES) & 1)
+        k = _turn(turn, k, PART, PINGPONG)
         o_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        _pass_turn(turn, PART, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         mbarrier.arrive(vfree.index(last))
+    if QTMA:
+        mbarrier.arrive(qfree.index(qb))
 
     # epilogue: normalise, store out and the natural-log LSE
     l_o = gl.convert_layout(l_i, row_o)
@@ -198,7 +253,7 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
     ro = PART * WM + gl.arange(0, BLOCK_M, layout=row_o)
     if GROUPED:
-        to = gl.load(TOKMAP + (tile * HKV + g).to(gl.int64) * TQ + ro // G)
+        to = gl.load(TOKMAP + item.to(gl.int64) * TQ + ro // G)
         ok_o = to >= 0
         to = gl.maximum(to, 0)
     else:
@@ -211,50 +266,67 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     m_o = gl.convert_layout(m_i, row_o)
     lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     gl.store(LSE + to.to(gl.int64) * (HKV * G) + head, lse, mask=ok_o)
-    return c + n_steps
+    return c + n_steps, k
 
 
 @gluon.jit
-def _gluon_tile_kernel(Q, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE, UMASK, UCOUNT,
-                       n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE, UMASK,
+                       UCOUNT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
                        HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
                        B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                       QTMA: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       PRODUCER_REGS: gl.constexpr):
     """Launched with 4 warps: the default partition is consumer 0; the workers consumer 1 (4 warps) and
     the producer (1 warp). Each program takes the (tile, KV head) items ``pid, pid + programs, ..``
     (one item per program when the grid covers them all; persistent when it is the SM count)."""
     WM: gl.constexpr = BLOCK_M // 2
+    NQ: gl.constexpr = 4 if QTMA else 2  # Q buffers x warpgroups
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
-    q_smem = gl.allocate_shared_memory(KDESC.dtype, [2, WM, D], q_layout)
+    q_smem = gl.allocate_shared_memory(KDESC.dtype, [NQ, WM, D], q_layout)
     k_smem = gl.allocate_shared_memory(KDESC.dtype, [STAGES, BN, D], KDESC.layout)
     v_smem = gl.allocate_shared_memory(VDESC.dtype, [STAGES, BN, D], VDESC.layout)
     kready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     vready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     vfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    qfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(vready.index(i), count=1)
         mbarrier.init(kfree.index(i), count=2)  # one arrive per consumer warpgroup
         mbarrier.init(vfree.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(qready.index(i), count=1)
+        mbarrier.init(qfree.index(i), count=2)
+        mbarrier.init(turn.index(i), count=1)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     gl.warp_specialize([
         (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     kready, vready, kfree, vfree, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
-                     stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED)),
+                     qready, qfree, kready, vready, kfree, vfree, turn, n_items, stride_qt, stride_qh, stride_ot,
+                     stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED,
+                     QTMA, PINGPONG)),
         (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     kready, vready, kfree, vfree, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
-                     stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED)),
-        (_producer, (KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, TILE_REQ, UPAGE, UCOUNT, n_items, HKV, B, BN, STAGES,
-                     stride_ut, stride_uh)),
+                     qready, qfree, kready, vready, kfree, vfree, turn, n_items, stride_qt, stride_qh, stride_ot,
+                     stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED,
+                     QTMA, PINGPONG)),
+        (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree,
+                     TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, n_items, stride_ut, stride_uh, HKV, G, TQ, B, BN,
+                     STAGES, GROUPED, QTMA)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
-                      qk_scale: float, group: int, tile_q: int, block_n: int, stages: int,
-                      consumer_regs: int = 232, producer_regs: int = 40, persistent: bool = False) -> None:
+                      qk_scale: float, group: int, tile_q: int, block_n: int, stages: int, persistent: bool = False,
+                      q_tma: bool = False, pingpong: bool = False, consumer_regs: int = 232,
+                      producer_regs: int = 40) -> None:
     """The (tile, KV head) items over ``union`` (``unions.py``), writing ``out`` / ``lse`` of the union
     blocks; ``qk_scale`` includes log2(e); ``persistent``: one program per SM taking items in turn
-    (else one per item). The caller checked the limits (``launch.py``)."""
+    (else one per item); ``q_tma``: the producer copies each item's Q (contiguous ``q``, groups of
+    8 or 16 heads; else the consumers load it); ``pingpong``: the consumers take turns to issue MMAs.
+    The caller checked the limits (``launch.py``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     t, hq, d = q.shape
@@ -263,12 +335,17 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
     kdesc = TensorDescriptor.from_tensor(k_cache.view(-1, d), [block_n, d], layout)
     vdesc = TensorDescriptor.from_tensor(v_cache.view(-1, d), [block_n, d], layout)
+    q_tma = q_tma and group in (8, 16) and q.is_contiguous()
+    qdesc = kdesc  # unused unless q_tma
+    if q_tma:
+        qdesc = TensorDescriptor.from_tensor(q.view(-1, d), [group, d],
+                                             gl.NVMMASharedLayout.get_default_for([group, d], dtype))
     tokmap = union.tokmap if union.tokmap is not None else union.count
     n_items = tile_req.shape[0] * hkv
     grid = min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else n_items
     _gluon_tile_kernel[(grid,)](
-        q, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union, union.pages,
-        union.token_mask, union.count, n_items, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        q, qdesc, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union,
+        union.pages, union.token_mask, union.count, n_items, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_q * group,
-        D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, CONSUMER_REGS=consumer_regs,
-        PRODUCER_REGS=producer_regs, num_warps=4)
+        D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, QTMA=q_tma, PINGPONG=pingpong,
+        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)

@@ -36,6 +36,9 @@ def _indexer_ids(case, topk):
     TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),
     TileConfig(kernel="gluon", block_n=64, num_stages=4, rare_max=2, rare_pass="window"),
     TileConfig(kernel="gluon", block_n=32, num_stages=2, rare_max=3),
+    TileConfig(kernel="gluon", q_tma=True, pingpong=True),  # Q by the producer, warpgroups taking turns
+    TileConfig(kernel="gluon", q_tma=True, persistent=False, group=False, rare_max=0),
+    TileConfig(kernel="gluon", pingpong=True, block_n=64, num_stages=3),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk,tile_q", [
     ([1500, 700], [6000, 700], 4, 16, 128, 128, 16, 8),  # M3 shape, prefix in the cache, two requests
