@@ -29,12 +29,13 @@ _LOG2E = 1.4426950408889634
 # label -> launch_gluon_tile options. Call 1 also timed a consumer that waited for each step's P V
 # before its next score MMA ("plain"): 10.62 / 23.11 ms at 64K / 128K with whole-block steps against
 # 9.31 / 20.54 overlapped (results_h200_run8_gluon1.json); call 2 BN 64 / 4 stages, 240 registers.
-GLUON = {
+GLUON = {  # call 3 also: ping-pong alone, Q by TMA + ping-pong (results_h200_run8_gluon3.json)
     "gluon (BN128 st2 persistent)": dict(block_n=128, stages=2, persistent=True),
     "gluon + Q by TMA": dict(block_n=128, stages=2, persistent=True, q_tma=True),
-    "gluon + ping-pong": dict(block_n=128, stages=2, persistent=True, pingpong=True),
-    "gluon + Q by TMA + ping-pong": dict(block_n=128, stages=2, persistent=True, q_tma=True, pingpong=True),
-    "gluon + Q by TMA + ping-pong, per item": dict(block_n=128, stages=2, q_tma=True, pingpong=True),
+    "gluon + Q by TMA, per item": dict(block_n=128, stages=2, q_tma=True),
+    "gluon + Q by TMA, dynamic": dict(block_n=128, stages=2, persistent=True, q_tma=True, dynamic=True),
+    "gluon + Q by TMA, dynamic, ping-pong": dict(block_n=128, stages=2, persistent=True, q_tma=True, dynamic=True,
+                                                 pingpong=True),
 }
 
 

@@ -57,7 +57,10 @@ class TileConfig:
     Gluon kernel runs one program per SM, each taking (tile, KV head) items in turn (``None``: on for
     the Gluon kernel, run 8: 21.12 -> 20.55 ms at 128K); q_tma: the Gluon kernel's producer warp copies
     each item's Q with TMA into one of two buffers (groups of 8 or 16 heads, contiguous q) instead of
-    the consumers loading it; pingpong: its two consumer warpgroups take turns to issue their MMAs. Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
+    the consumers loading it (run 8: 20.98 -> 19.98 ms at 128K, 197.0 -> 190.3 at 1M); dynamic: a
+    persistent Gluon program takes its next item from a global counter instead of every SM-th one, so
+    the items in flight stay neighbours (run 8: 19.98 -> 19.69 ms at 128K, 190.3 -> 182.3 at 1M);
+    pingpong: its two consumer warpgroups take turns to issue their MMAs (run 8: no faster, opt-in). Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
     tile_q: int | None = None
@@ -81,8 +84,9 @@ class TileConfig:
     head_major: bool = False
     kernel: str | None = None
     persistent: bool | None = None
-    q_tma: bool = False
+    q_tma: bool = True
     pingpong: bool = False
+    dynamic: bool = True
 
     def resolved(self, group: int, block: int = 128, sm90: bool = False) -> "TileConfig":
         """This config with every ``None`` replaced by the default for a group of ``group`` heads, KV
@@ -105,7 +109,7 @@ class TileConfig:
                           else self.rare_block_n, tma=self.tma,
                           head_major=self.head_major, kernel=kernel,
                           persistent=gluon if self.persistent is None else self.persistent, q_tma=self.q_tma,
-                          pingpong=self.pingpong)
+                          pingpong=self.pingpong, dynamic=self.dynamic)
 
 
 def default_kernel(sm90: bool, block_m: int, head_split: int, rare_pass: str) -> str:

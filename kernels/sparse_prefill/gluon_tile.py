@@ -36,26 +36,33 @@ _PART1 = gl.constexpr(1)
 
 @gluon.jit
 def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree, TILE_REQ,
-              TILE_START, TOKMAP, UPAGE, UCOUNT, n_items, stride_ut, stride_uh, HKV: gl.constexpr, G: gl.constexpr,
-              TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-              QTMA: gl.constexpr):
-    """One warp: the TMA copies, for the program's (tile, KV head) items in turn. ``QTMA``: first the
-    item's Q (one ``[G, D]`` box per token, rows ``token * HKV * G + g * G`` of Q seen as
-    ``[T * Hq, D]``; an empty slot's row is negative: zero-filled) into one of two Q buffers, so the
-    next item's Q arrives while the consumers finish this one; then every step's K and V rows
-    ``(page * HKV + g) * B + key``. ``c`` counts steps across items (ring slot and phase), ``n`` items."""
+              TILE_START, TOKMAP, UPAGE, UCOUNT, SLOTS, NEXT, n_items, stride_ut, stride_uh, HKV: gl.constexpr,
+              G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              GROUPED: gl.constexpr, QTMA: gl.constexpr, DYNAMIC: gl.constexpr):
+    """One warp: picks the program's (tile, KV head) items and issues their TMA copies.
+
+    Items: ``pid`` first, then ``pid + programs, ..`` or (``DYNAMIC``) the next one of a global
+    counter, so that the items in flight stay neighbours. Item ``n`` goes to the consumers through
+    slot ``n % 2`` (``SLOTS``, the program's two ints) and barrier ``qready[n % 2]``, -1 when done;
+    with ``QTMA`` the same barrier carries the item's Q (one ``[G, D]`` box per token, rows
+    ``token * HKV * G + g * G`` of Q seen as ``[T * Hq, D]``; an empty slot's row is negative: zero-filled)
+    into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
+    every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items."""
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
+    slots = SLOTS + gl.program_id(0) * 2
     c = 0
     n = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    item = gl.program_id(0)
+    while item < n_items:
+        qb = n % 2
+        mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
+        gl.store(slots + qb, item)
         tile = item // HKV
         g = item % HKV
         req = gl.load(TILE_REQ + tile)
-        if req >= 0:
-            if QTMA:
-                qb = n % 2
-                mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
+        if QTMA:
+            if req >= 0:
                 mbarrier.expect(qready.index(qb), TQ * QDESC.block_type.nbytes)
                 t0 = gl.load(TILE_START + tile)
                 for j in gl.static_range(TQ):
@@ -65,6 +72,11 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
                         tok = t0 + j  # past the request: rows never stored
                     tma.async_copy_global_to_shared(QDESC, [(tok * HKV + g) * G, 0], qready.index(qb),
                                                     q_smem.index(qb * 2 + j // HALF).slice((j % HALF) * G, G))
+            else:
+                mbarrier.arrive(qready.index(qb))
+        else:
+            mbarrier.arrive(qready.index(qb))
+        if req >= 0:
             u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
             for it in range(0, gl.load(UCOUNT + item) * NSUB):
                 s = c % STAGES
@@ -78,7 +90,15 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
                 mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
                 tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
                 c += 1
-            n += 1
+        n += 1
+        if DYNAMIC:
+            item = gl.atomic_add(NEXT, 1) + gl.num_programs(0)
+        else:
+            item += gl.num_programs(0)
+    qb = n % 2
+    mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)
+    gl.store(slots + qb, -1)
+    mbarrier.arrive(qready.index(qb))
 
 
 @gluon.jit
@@ -117,34 +137,41 @@ def _pass_turn(turn, PART: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-              qready, qfree, kready, vready, kfree, vfree, turn, n_items, stride_qt, stride_qh, stride_ot, stride_oh,
+              qready, qfree, kready, vready, kfree, vfree, turn, SLOTS, stride_qt, stride_qh, stride_ot, stride_oh,
               stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
               TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each of the program's (tile, KV head) items;
-    ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
+    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each item the producer hands over (slot and
+    barrier ``n % 2``, -1: done); ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
+    slots = SLOTS + gl.program_id(0) * 2
     c = 0
     n = 0
     k = 0
-    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+    mbarrier.wait(qready.index(0), 0)
+    item = gl.load(slots, volatile=True)
+    while item >= 0:
+        qb = n % 2
         if gl.load(TILE_REQ + item // HKV) >= 0:
             c, k = _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem,
-                                  k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree, turn, item, c, n, k,
-                                  stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART,
-                                  HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, PINGPONG)
-            n += 1
+                                  k_smem, v_smem, kready, vready, kfree, vfree, turn, item, c, qb, k, stride_qt,
+                                  stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ,
+                                  WM, D, B, BN, STAGES, GROUPED, QTMA, PINGPONG)
+        mbarrier.arrive(qfree.index(qb))
+        n += 1
+        mbarrier.wait(qready.index(n % 2), (n // 2) & 1)
+        item = gl.load(slots + n % 2, volatile=True)
 
 
 @gluon.jit
 def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                   qready, qfree, kready, vready, kfree, vfree, turn, item, c, n, k, stride_qt, stride_qh, stride_ot,
+                   kready, vready, kfree, vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot,
                    stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
                    G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
                    BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr,
                    PINGPONG: gl.constexpr):
     """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
-    item's steps in the ring, ``n`` (earlier items) its Q buffer, ``k`` its ping-pong turns; returns
-    ``c`` and ``k`` after it.
+    item's steps in the ring, ``qb`` is its Q buffer (``QTMA``: filled, the caller waited), ``k`` its
+    ping-pong turns; returns ``c`` and ``k`` after it.
 
     Step 0's scores and softmax come first; then each step issues its score MMA and the previous
     step's P V MMA together and runs its softmax while P V is still on the tensor cores. ``PINGPONG``:
@@ -173,9 +200,7 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     n_steps = gl.load(UCOUNT + item) * NSUB
 
     if QTMA:  # Q in one of the two buffers the producer fills
-        qb = n % 2
         q_tile = q_smem.index(qb * 2 + PART)
-        mbarrier.wait(qready.index(qb), (n // 2) & 1)
     else:  # Q gathered by this warpgroup into its shared memory
         rq = PART * WM + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
         if GROUPED:
@@ -244,8 +269,6 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
         _pass_turn(turn, PART, PINGPONG)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         mbarrier.arrive(vfree.index(last))
-    if QTMA:
-        mbarrier.arrive(qfree.index(qb))
 
     # epilogue: normalise, store out and the natural-log LSE
     l_o = gl.convert_layout(l_i, row_o)
@@ -271,16 +294,18 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
 
 @gluon.jit
 def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE, UMASK,
-                       UCOUNT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                       UCOUNT, SLOTS, NEXT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+                       qk_scale,
                        HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
                        B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                       QTMA: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       PRODUCER_REGS: gl.constexpr):
+                       QTMA: gl.constexpr, PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Launched with 4 warps: the default partition is consumer 0; the workers consumer 1 (4 warps) and
-    the producer (1 warp). Each program takes the (tile, KV head) items ``pid, pid + programs, ..``
-    (one item per program when the grid covers them all; persistent when it is the SM count)."""
+    the producer (1 warp). The producer picks the program's (tile, KV head) items (``_producer``): one
+    per program when the grid covers them all, else persistent (``DYNAMIC``: from a global counter).
+    ``SLOTS``: two ints per program; ``NEXT``: the counter, zero at launch."""
     WM: gl.constexpr = BLOCK_M // 2
-    NQ: gl.constexpr = 4 if QTMA else 2  # Q buffers x warpgroups
+    NQ: gl.constexpr = 4 if QTMA else 2  # (Q buffers x) warpgroups
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
     q_smem = gl.allocate_shared_memory(KDESC.dtype, [NQ, WM, D], q_layout)
     k_smem = gl.allocate_shared_memory(KDESC.dtype, [STAGES, BN, D], KDESC.layout)
@@ -305,26 +330,27 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TIL
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     gl.warp_specialize([
         (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     qready, qfree, kready, vready, kfree, vfree, turn, n_items, stride_qt, stride_qh, stride_ot,
+                     qready, qfree, kready, vready, kfree, vfree, turn, SLOTS, stride_qt, stride_qh, stride_ot,
                      stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED,
                      QTMA, PINGPONG)),
         (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     qready, qfree, kready, vready, kfree, vfree, turn, n_items, stride_qt, stride_qh, stride_ot,
+                     qready, qfree, kready, vready, kfree, vfree, turn, SLOTS, stride_qt, stride_qh, stride_ot,
                      stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED,
                      QTMA, PINGPONG)),
         (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree,
-                     TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, n_items, stride_ut, stride_uh, HKV, G, TQ, B, BN,
-                     STAGES, GROUPED, QTMA)),
+                     TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, SLOTS, NEXT, n_items, stride_ut, stride_uh, HKV,
+                     G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
                       qk_scale: float, group: int, tile_q: int, block_n: int, stages: int, persistent: bool = False,
-                      q_tma: bool = False, pingpong: bool = False, consumer_regs: int = 232,
+                      q_tma: bool = False, pingpong: bool = False, dynamic: bool = False, consumer_regs: int = 232,
                       producer_regs: int = 40) -> None:
     """The (tile, KV head) items over ``union`` (``unions.py``), writing ``out`` / ``lse`` of the union
     blocks; ``qk_scale`` includes log2(e); ``persistent``: one program per SM taking items in turn
-    (else one per item); ``q_tma``: the producer copies each item's Q (contiguous ``q``, groups of
+    (else one per item; ``dynamic``: taking the next item of a global counter, not every SM-th);
+    ``q_tma``: the producer copies each item's Q (contiguous ``q``, groups of
     8 or 16 heads; else the consumers load it); ``pingpong``: the consumers take turns to issue MMAs.
     The caller checked the limits (``launch.py``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -343,9 +369,11 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     tokmap = union.tokmap if union.tokmap is not None else union.count
     n_items = tile_req.shape[0] * hkv
     grid = min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else n_items
+    slots = torch.empty(2 * grid, dtype=torch.int32, device=q.device)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     _gluon_tile_kernel[(grid,)](
         q, qdesc, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union,
-        union.pages, union.token_mask, union.count, n_items, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        union.pages, union.token_mask, union.count, slots, counter, n_items, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_q * group,
         D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, QTMA=q_tma, PINGPONG=pingpong,
-        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)
+        DYNAMIC=dynamic and persistent, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)

@@ -85,7 +85,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
 
         launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
                           scale * _LOG2E, group, tile_q, cfg.block_n or block, cfg.num_stages,
-                          persistent=cfg.persistent, q_tma=cfg.q_tma, pingpong=cfg.pingpong)
+                          persistent=cfg.persistent, q_tma=cfg.q_tma, pingpong=cfg.pingpong,
+                          dynamic=cfg.dynamic)
     else:
         _tile_kernel[(tile_req.shape[0] * hkv * cfg.head_split,)](
             q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tile_req, tile_start,

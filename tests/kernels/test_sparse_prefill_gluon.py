@@ -37,6 +37,8 @@ def _indexer_ids(case, topk):
     TileConfig(kernel="gluon", block_n=64, num_stages=4, rare_max=2, rare_pass="window"),
     TileConfig(kernel="gluon", block_n=32, num_stages=2, rare_max=3),
     TileConfig(kernel="gluon", q_tma=True, pingpong=True),  # Q by the producer, warpgroups taking turns
+    TileConfig(kernel="gluon", q_tma=True, dynamic=True),  # items from a global counter
+    TileConfig(kernel="gluon", dynamic=True, pingpong=True, rare_max=2),
     TileConfig(kernel="gluon", q_tma=True, persistent=False, group=False, rare_max=0),
     TileConfig(kernel="gluon", pingpong=True, block_n=64, num_stages=3),
 ])
