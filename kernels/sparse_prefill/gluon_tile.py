@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+_SMEM_BYTES = 232448 - 1024  # sm_90's shared memory per block, less the barriers and the compiler's scratch
 _PART0 = gl.constexpr(0)  # the consumer warpgroups' row halves
 _PART1 = gl.constexpr(1)
 
@@ -351,7 +352,8 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     blocks; ``qk_scale`` includes log2(e); ``persistent``: one program per SM taking items in turn
     (else one per item; ``dynamic``: taking the next item of a global counter, not every SM-th);
     ``q_tma``: the producer copies each item's Q (contiguous ``q``, groups of
-    8 or 16 heads; else the consumers load it); ``pingpong``: the consumers take turns to issue MMAs.
+    8 or 16 heads, where a second Q buffer fits in shared memory; else the consumers load it);
+    ``pingpong``: the consumers take turns to issue MMAs.
     The caller checked the limits (``launch.py``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -361,7 +363,15 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
     kdesc = TensorDescriptor.from_tensor(k_cache.view(-1, d), [block_n, d], layout)
     vdesc = TensorDescriptor.from_tensor(v_cache.view(-1, d), [block_n, d], layout)
-    q_tma = q_tma and group in (8, 16) and q.is_contiguous()
+    esize = q.element_size()
+    kv_bytes = 2 * stages * block_n * d * esize
+    if kv_bytes + tile_q * group * d * esize > _SMEM_BYTES:
+        raise ValueError(f"msa_prefill_attention: kernel='gluon' with {stages} stages of {block_n} keys needs "
+                         f"{kv_bytes + tile_q * group * d * esize} bytes of shared memory, more than the "
+                         f"{_SMEM_BYTES} an H100 / H200 block has; use fewer stages or a smaller block_n")
+    # Q by TMA takes a second Q buffer: where that does not fit, the consumers load Q
+    q_tma = (q_tma and group in (8, 16) and q.is_contiguous()
+             and kv_bytes + 2 * tile_q * group * d * esize <= _SMEM_BYTES)
     qdesc = kdesc  # unused unless q_tma
     if q_tma:
         qdesc = TensorDescriptor.from_tensor(q.view(-1, d), [group, d],
@@ -373,7 +383,8 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     _gluon_tile_kernel[(grid,)](
         q, qdesc, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union,
-        union.pages, union.token_mask, union.count, slots, counter, n_items, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        union.pages, union.token_mask, union.count, slots, counter, n_items, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1),
         union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_q * group,
         D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, QTMA=q_tma, PINGPONG=pingpong,
         DYNAMIC=dynamic and persistent, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)

@@ -70,7 +70,8 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     block_m = tile_block_m(tile_q, group, cfg.head_split)
     if cfg.kernel == "gluon":
         _check_gluon(cfg, q, block_m, flag)
-    tma = cfg.kernel == "triton" and use_tma(cfg.tma, hopper, block_m, k_cache.is_contiguous() and v_cache.is_contiguous())
+    contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
+    tma = cfg.kernel == "triton" and use_tma(cfg.tma, hopper, block_m, contiguous)
     kdesc, vdesc = k_cache, v_cache  # unused unless tma
     if tma:
         kdesc, vdesc = _kv_descriptors(k_cache, v_cache, cfg.block_n or block, hopper)

@@ -74,6 +74,15 @@ def test_gluon_tile_equals_triton_tile_kernel(paged_case):
     torch.testing.assert_close(lse_g, lse_t, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_gluon_tile_shared_memory_overflow_is_a_value_error(paged_case):
+    case = paged_case([300], [300], hkv=1, group=16, d=128, block=128, d_idx=128, device="cuda", seed=2)
+    ids = _indexer_ids(case, 4)
+    with pytest.raises(ValueError, match="fewer stages or a smaller block_n"):
+        _run(case, ids, TileConfig(kernel="gluon", block_n=128, num_stages=4))
+
+
 @pytest.mark.parametrize("cfg,match", [
     (TileConfig(kernel="cuda"), "kernel must be 'triton' or 'gluon'"),
     (TileConfig(kernel="gluon", tile_q=4), "needs a Hopper GPU|needs 128-row tiles"),
