@@ -1,9 +1,10 @@
-"""Runs 6 and 7: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
+"""Runs 6 to 8: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
 loop's raw rate on shared selections (every token of a 128-token window given its first token's
 blocks, so every union block is used by all 8 tokens: the ceiling that grouping tokens can reach).
 
     python3 benchmarks/prefill/breakdown_run6.py --out DIR [--sizes 65536,131072]   # H200
     python3 benchmarks/prefill/breakdown_run6.py --out DIR --set run7 --selections real --sizes 65536,131072,1048576
+    python3 benchmarks/prefill/breakdown_run6.py --out DIR --set run8 --selections real --sizes 131072,1048576
     python3 benchmarks/prefill/breakdown_run6.py --dry-cpu --out /tmp/x            # tiny
 """
 from __future__ import annotations
@@ -40,6 +41,10 @@ RUN7 = {k: v.resolved(16, 128) for k, v in {  # run 7: the tile kernel's K / V l
     "head-major programs": TileConfig(head_major=True),
     "TMA + head-major": TileConfig(tma=True, head_major=True),
 }.items()}
+RUN8 = {k: v.resolved(16, 128) for k, v in {  # run 8: the warp-specialised Gluon tile kernel
+    "run-7 default (Triton tile kernel)": TileConfig(kernel="triton"),
+    "run-8 default on sm_90 (Gluon tile kernel)": TileConfig(kernel="gluon"),
+}.items()}
 
 
 def main() -> None:
@@ -47,10 +52,10 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sizes", default="65536,131072")
     ap.add_argument("--dry-cpu", action="store_true")
-    ap.add_argument("--set", default="run6", choices=("run6", "run7"))
+    ap.add_argument("--set", default="run6", choices=("run6", "run7", "run8"))
     ap.add_argument("--selections", default="real,shared")
     args = ap.parse_args()
-    configs = RUN6 if args.set == "run6" else RUN7
+    configs = dict(run6=RUN6, run7=RUN7, run8=RUN8)[args.set]
     peak, info = run_info()
     rows = []
 
