@@ -38,10 +38,10 @@ class TileConfig:
     pass's warps and keys per step (``None``: the token pass with 128-row tiles takes 2 warps and
     64-key steps, run 7: 2.67-2.84 -> 2.15-2.27 ms at 128K, 39.8 -> 34.2 at 1M; else 4 warps and
     whole blocks; the window pass 8 warps at 128 rows, else 4); group: regroup
-    each window of 16 tiles by shared selections (``grouping.py``) instead of tiles of neighbours
+    each window of ``group_window`` tiles (16) by shared selections (``grouping.py``) instead of tiles of neighbours
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
     regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
-    the regrouping compares; rare_list: the per-token rare pass runs persistent over the compact list
+    the regrouping compares; group_window: tiles per regrouped window (a power of two); rare_list: the per-token rare pass runs persistent over the compact list
     of the (token, KV head) items that have rare blocks instead of one program per item (run 6: 1-5%
     slower, opt-in); rare_pass "tail": each tile program adds its own tokens' rare blocks after its
     store (token by token, as the per-token pass) hoping that memory-bound work overlaps the other
@@ -78,6 +78,7 @@ class TileConfig:
     group: bool | None = None
     rare_list: bool = False
     group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
+    group_window: int = 16
     rare_chunk: int = 0
     rare_warps: int | None = None
     rare_block_n: int | None = None
@@ -104,7 +105,7 @@ class TileConfig:
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
                           rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
-                          group_words=self.group_words, rare_list=self.rare_list,
+                          group_words=self.group_words, group_window=self.group_window, rare_list=self.rare_list,
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps,
                           rare_block_n=(64 if wide and block > 64 else 0) if self.rare_block_n is None
                           else self.rare_block_n, tma=self.tma,

@@ -12,14 +12,15 @@ HASH_WORDS = 4  # a token's blocks hashed into 4 x 32 bits (a power of two; Tile
 
 
 def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
-                tile_q: int, num_warps: int = 2, words: int = HASH_WORDS) -> torch.Tensor:
+                tile_q: int, num_warps: int = 2, words: int = HASH_WORDS, window: int = WINDOW_TILES) -> torch.Tensor:
     """int32 ``[tiles, Hkv, tile_q]``: the tokens of each (tile, KV head), -1 for empty slots.
 
     One Triton launch, no host sync; ``tile_req`` / ``tile_start`` from ``tile_table(...,
     longest_first=False)`` (a request's tiles adjacent, in order). One program per window runs the
     greedy (a chain of 128 dependent picks) of every KV head side by side. Measured on the H200 (M3,
     4 words; run 7): 2 warps 0.31 ms at 64K and 0.58 at 128K, 1 warp 0.50 / 0.75, 4 warps 0.41 /
-    0.60; run 6's one program per (window, KV head) on 1 warp took 0.39-0.44 / 0.67."""
+    0.60; run 6's one program per (window, KV head) on 1 warp took 0.39-0.44 / 0.67. ``window``:
+    tiles per regrouped window (a power of two)."""
     from kernels.sparse_prefill.config import triton_next_pow2
     from kernels.sparse_prefill.triton_grouping import _group_kernel
 
@@ -28,7 +29,7 @@ def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: to
     tokmap = torch.full((n_tiles, hkv, tile_q), -1, dtype=torch.int32, device=topk_ids.device)
     _group_kernel[(n_tiles,)](topk_ids, cu_seqlens_q, tile_req, tile_start, tokmap,
                               topk_ids.stride(0), topk_ids.stride(1), tokmap.stride(0), tokmap.stride(1),
-                              HKV=hkv, HP=triton_next_pow2(hkv), TQ=tile_q, NT=WINDOW_TILES, TOPK=k, NW=words,
+                              HKV=hkv, HP=triton_next_pow2(hkv), TQ=tile_q, NT=window, TOPK=k, NW=words,
                               num_warps=num_warps)
     return tokmap
 
@@ -42,7 +43,7 @@ def _hash_bits(ids: list[int], words: int) -> int:
 
 
 def group_tiles_reference(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_q: int,
-                          words: int = HASH_WORDS) -> torch.Tensor:
+                          words: int = HASH_WORDS, window: int = WINDOW_TILES) -> torch.Tensor:
     """Python reference of ``group_tiles`` over the tile table of ``tile_table(longest_first=False)``."""
     from kernels._common.tiles import tile_table
 
@@ -52,9 +53,9 @@ def group_tiles_reference(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, ti
     ids = topk_ids.cpu().tolist()
     tokmap = torch.full((len(tile_req), hkv, tile_q), -1, dtype=torch.int32)
     for tile, (req, t0) in enumerate(zip(tile_req, tile_start)):
-        if req < 0 or ((t0 - cu[req]) // tile_q) % WINDOW_TILES:
+        if req < 0 or ((t0 - cu[req]) // tile_q) % window:
             continue
-        toks = list(range(t0, min(cu[req + 1], t0 + WINDOW_TILES * tile_q)))
+        toks = list(range(t0, min(cu[req + 1], t0 + window * tile_q)))
         for g in range(hkv):
             bits = [_hash_bits(ids[x][g], words) for x in toks]
             left = set(range(len(toks)))

@@ -191,7 +191,8 @@ def tile_unions_for(cfg: TileConfig, topk_ids, page_table, cu_seqlens_q, tiles) 
     """The unions the tile kernel loops over for a resolved ``cfg``: tiles regrouped first if
     ``cfg.group``, rare blocks split off at ``cfg.rare_max``, listed only for the per-token pass
     (``rare_list``; the window and tail passes read ``rare_ids`` directly)."""
-    tokmap = group_tiles(topk_ids, cu_seqlens_q, *tiles, cfg.tile_q, words=cfg.group_words) if cfg.group else None
+    tokmap = (group_tiles(topk_ids, cu_seqlens_q, *tiles, cfg.tile_q, words=cfg.group_words, window=cfg.group_window)
+              if cfg.group else None)
     return build_unions(topk_ids, page_table, cu_seqlens_q, *tiles, cfg.tile_q, rare_max=cfg.rare_max, tokmap=tokmap,
                         rare_list=cfg.rare_list and cfg.rare_pass == "token")
 

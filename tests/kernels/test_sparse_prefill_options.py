@@ -115,6 +115,8 @@ def test_group_tiles_kernel_equals_reference_and_is_a_permutation():
     assert torch.equal(got.cpu(), group_tiles_reference(ids, cu, 8).cpu())
     got4 = group_tiles(ids.to(DEV), cu.to(DEV), *tiles, 8, words=2)
     assert torch.equal(got4.cpu(), group_tiles_reference(ids, cu, 8, words=2).cpu())
+    got32 = group_tiles(ids.to(DEV), cu.to(DEV), *tiles, 8, words=8, window=32)  # 256-token windows
+    assert torch.equal(got32.cpu(), group_tiles_reference(ids, cu, 8, words=8, window=32).cpu())
     req, start = tiles[0].cpu(), tiles[1].cpu()
     for g in range(3):  # every token once, in a tile of its own request's window
         toks = got[:, g][req >= 0].cpu()
