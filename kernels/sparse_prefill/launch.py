@@ -69,7 +69,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
     block_m = tile_block_m(tile_q, group, cfg.head_split)
     if cfg.kernel == "gluon":
-        _check_gluon(cfg, q, block_m, flag)
+        _check_gluon(cfg, q, k_cache, v_cache, block_m, flag)
     contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
     tma = cfg.kernel == "triton" and use_tma(cfg.tma, hopper, block_m, contiguous)
     kdesc, vdesc = k_cache, v_cache  # unused unless tma
@@ -127,13 +127,17 @@ def resolve_config(config: TileConfig, group: int, block: int, q, k_cache, v_cac
     return config.resolved(group, block, sm90=sm90)
 
 
-def _check_gluon(cfg: TileConfig, q: torch.Tensor, block_m: int, flag) -> None:
+def _check_gluon(cfg: TileConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_m: int,
+                 flag) -> None:
     """The Gluon tile kernel's limits, each a ValueError naming the fix."""
     if interpreting() or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         raise ValueError("msa_prefill_attention: kernel='gluon' needs a Hopper GPU (sm_90); use kernel='triton'")
     if block_m != 128 or cfg.head_split != 1:
         raise ValueError(f"msa_prefill_attention: kernel='gluon' needs 128-row tiles (tile_q x group = 128, "
                          f"head_split 1), got {block_m} rows; use kernel='triton'")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("msa_prefill_attention: kernel='gluon' needs contiguous k_cache and v_cache ([pages, Hkv, "
+                         "B, d] in that order: TMA); pass .contiguous() caches or use kernel='triton'")
     if flag is not None or cfg.rare_pass == "tail":
         raise ValueError("msa_prefill_attention: kernel='gluon' runs with the 'token' or 'window' rare pass and "
                          "design='tile'; use kernel='triton' for design='auto_device' or rare_pass='tail'")

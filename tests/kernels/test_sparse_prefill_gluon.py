@@ -83,6 +83,36 @@ def test_gluon_tile_shared_memory_overflow_is_a_value_error(paged_case):
         _run(case, ids, TileConfig(kernel="gluon", block_n=128, num_stages=4))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_gluon_tile_needs_contiguous_caches_and_the_default_falls_back(paged_case):
+    case = paged_case([200], [900], hkv=2, group=16, d=128, block=128, d_idx=128, device="cuda", seed=4)
+    ids = _indexer_ids(case, 8)
+    k = case["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, heads not outermost
+    strided = dict(case, k_cache=k)
+    with pytest.raises(ValueError, match="kernel='gluon' needs contiguous k_cache"):
+        _run(strided, ids, TileConfig(kernel="gluon"))
+    out, lse = _run(strided, ids, TileConfig())  # the default takes the Triton kernel there
+    ref_out, ref_lse = _run(case, ids, TileConfig(kernel="gluon"))
+    assert (out.float() - ref_out.float()).norm() / ref_out.float().norm() < 4e-3
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gluon_tile_fp16_and_bf16(paged_case, dtype):
+    case = paged_case([700, 130], [3000, 130], hkv=2, group=8, d=128, block=64, d_idx=128, dtype=dtype,
+                      device="cuda", seed=9)
+    ids = _indexer_ids(case, 16)
+    out, lse = _run(case, ids, TileConfig(kernel="gluon", tile_q=16))
+    assert out.dtype == dtype
+    ref_out, ref_lse = sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
+                                                  case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
+    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("cfg,match", [
     (TileConfig(kernel="cuda"), "kernel must be 'triton' or 'gluon'"),
     (TileConfig(kernel="gluon", tile_q=4), "needs a Hopper GPU|needs 128-row tiles"),
