@@ -37,15 +37,17 @@ class TileConfig:
     per step, 0: ``tile_q``; measured 30-90% slower: opt-in); rare_warps / rare_block_n: the rare
     pass's warps and keys per step (``None``: the token pass with 128-row tiles takes 2 warps and
     64-key steps, run 7: 2.67-2.84 -> 2.15-2.27 ms at 128K, 39.8 -> 34.2 at 1M; else 4 warps and
-    whole blocks; the window pass 8 warps at 128 rows, else 4); group: regroup
-    each window of ``group_window`` tiles (16) by shared selections (``grouping.py``) instead of tiles of neighbours
+    whole blocks; the window pass 8 warps at 128 rows, else 4); group: regroup each window of
+    ``group_window`` tiles (16) by shared selections (``grouping.py``) instead of tiles of neighbours
     (default on with 128-row tiles: run 6, 64K 14.05 -> 13.5 ms and 128K 29.6 -> 28.5 ms with the
-    regrouping kernel's 0.5-1.5 ms included); group_words: 32-bit words of the hashed block sets
-    the regrouping compares; group_window: tiles per regrouped window (a power of two); rare_list: the per-token rare pass runs persistent over the compact list
-    of the (token, KV head) items that have rare blocks instead of one program per item (run 6: 1-5%
-    slower, opt-in); rare_pass "tail": each tile program adds its own tokens' rare blocks after its
-    store (token by token, as the per-token pass) hoping that memory-bound work overlaps the other
-    program's MMAs on the SM (head_split 1 only; run 7: 3-7% slower at 64K / 128K, opt-in); tma: the
+    regrouping kernel's 0.5-1.5 ms included); group_words / group_window: 32-bit words of the hashed
+    block sets the regrouping compares / tiles per regrouped window (powers of two; run 8: 8 or 16
+    words, 32-tile windows leave the unions unchanged and are slower); rare_list: the per-token rare
+    pass runs persistent over the compact list of the (token, KV head) items that have rare blocks
+    instead of one program per item (run 6: 1-5% slower, opt-in); rare_pass "tail": each tile program
+    adds its own tokens' rare blocks after its store (token by token, as the per-token pass) hoping
+    that memory-bound work overlaps the other program's MMAs on the SM (head_split 1 only; run 7: 3-7%
+    slower at 64K / 128K, opt-in); tma: the
     tile loop's K / V steps through tensor descriptors (the copy engine; Hopper and newer, contiguous
     caches; ``None``: on for 128-row tiles on Hopper when the caches are contiguous, run 7: tile
     kernel 3-4% faster, 24.24 -> 23.18 ms at 128K, 227.0 -> 219.2 at 1M; True where it cannot run is a

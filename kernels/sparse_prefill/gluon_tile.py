@@ -1,25 +1,28 @@
 """Warp-specialised tile kernel for Hopper, written in Gluon (Triton's explicit-layout dialect).
 
 Same math and the same inputs as ``_tile_kernel`` in ``triton_sparse_attention.py`` (its reference is
-``naive.py``): one program per (tile, KV head), rows = the tile's ``TQ`` tokens x the group's ``G``
-heads (128), looping over the tile's union of selected blocks, each row masked to the blocks its
-token chose (the token-mask bit as a -inf bias folded into the exponent), the causal mask on steps
-that reach past the tile's first position, base-2 online softmax in fp32.
+``naive.py``): per (tile, KV head) item, rows = the tile's ``TQ`` tokens x the group's ``G`` heads
+(128), a loop over the tile's union of selected blocks, each row masked to the blocks its token
+chose (the token-mask bit as a -inf bias folded into the exponent), the causal mask on steps that
+reach past the tile's first position, base-2 online softmax in fp32.
 
-What Triton's automatic pipeline cannot express, and why this kernel exists (RESULTS.md run 7):
+What Triton's automatic pipeline cannot express, and why this kernel exists (RESULTS.md runs 7-8):
 
-* a **producer warp** (``_producer``) issues the TMA copies of each step's K and V into a ring of
-  ``STAGES`` shared-memory buffers, with ``kready`` / ``vready`` barriers signalled by the copy
-  engine and ``kfree`` / ``vfree`` barriers signalled by the consumers;
-* the **consumers** (the default partition, 8 warps = two warpgroups of 64 rows) get the registers
-  the producer does not need, so the 64 x 128 score and output tiles live in registers without a
-  register cap, and
+* a **producer warp** (``_producer``) picks the program's items (persistent programs; with
+  ``DYNAMIC`` the next item of a global counter) and issues the TMA copies: each item's Q into one
+  of two buffers, each step's K and V into a ring of ``STAGES`` buffers, against ``qready`` /
+  ``kready`` / ``vready`` barriers signalled by the copy engine and ``qfree`` / ``kfree`` / ``vfree``
+  barriers signalled by the consumers;
+* two **consumer warpgroups** (``_consumer``: the default partition and a 4-warp worker, 64 rows
+  each) get the registers the producer does not need (``setmaxnreg``), so the 64 x 128 score and
+  output tiles live in registers without a register cap, and
 * each step's score MMA ``S = Q K^T`` is issued **before** the previous step's ``P V`` MMA is waited
   on (FlashAttention-3's intra-warpgroup overlap): the softmax of one step runs while the tensor
   cores do the other step's ``P V``.
 
-Hopper only (sm_90: wgmma, TMA, mbarriers); no CPU interpreter exists for Gluon, so its tests are
-the GPU-marked ones against the fp32 reference. The launcher is ``launch_gluon_tile``.
+Hopper only (sm_90: wgmma, TMA, mbarriers); no CPU interpreter runs Gluon, so its tests are the
+GPU-marked ones against the fp32 reference. The launcher is ``launch_gluon_tile``; the tile design's
+launch (``launch.py``) picks this kernel or the Triton one (``TileConfig.kernel``).
 """
 from __future__ import annotations
 
@@ -46,8 +49,8 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
     counter, so that the items in flight stay neighbours. Item ``n`` goes to the consumers through
     slot ``n % 2`` (``SLOTS``, the program's two ints) and barrier ``qready[n % 2]``, -1 when done;
     with ``QTMA`` the same barrier carries the item's Q (one ``[G, D]`` box per token, rows
-    ``token * HKV * G + g * G`` of Q seen as ``[T * Hq, D]``; an empty slot's row is negative: zero-filled)
-    into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
+    ``token * HKV * G + g * G`` of Q seen as ``[T * Hq, D]``; an empty slot's row is negative:
+    zero-filled) into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
     every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items."""
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2

@@ -66,6 +66,9 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
     if cfg.kernel not in ("triton", "gluon"):
         raise ValueError(f"msa_prefill_attention: kernel must be 'triton' or 'gluon', got {cfg.kernel!r}")
+    for name, value in (("group_words", cfg.group_words), ("group_window", cfg.group_window)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"msa_prefill_attention: {name} must be a power of two, got {value}")
     hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
     block_m = tile_block_m(tile_q, group, cfg.head_split)
     if cfg.kernel == "gluon":

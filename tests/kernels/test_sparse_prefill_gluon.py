@@ -30,17 +30,15 @@ def _indexer_ids(case, topk):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("cfg", [
-    TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, regrouped tiles, rare_max 1
-    TileConfig(kernel="gluon", persistent=True),  # one program per SM, items in turn
-    TileConfig(kernel="gluon", block_n=64, num_stages=3, persistent=True),
-    TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),
+    TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, persistent, dynamic hand-off, Q by TMA
+    TileConfig(kernel="gluon", dynamic=False),  # persistent, every SM-th item
+    TileConfig(kernel="gluon", persistent=False, q_tma=False),  # one program per item, Q by the consumers
+    TileConfig(kernel="gluon", block_n=64, num_stages=3),
+    TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),  # no room for two Q buffers
     TileConfig(kernel="gluon", block_n=64, num_stages=4, rare_max=2, rare_pass="window"),
     TileConfig(kernel="gluon", block_n=32, num_stages=2, rare_max=3),
-    TileConfig(kernel="gluon", q_tma=True, pingpong=True),  # Q by the producer, warpgroups taking turns
-    TileConfig(kernel="gluon", q_tma=True, dynamic=True),  # items from a global counter
-    TileConfig(kernel="gluon", dynamic=True, pingpong=True, rare_max=2),
-    TileConfig(kernel="gluon", q_tma=True, persistent=False, group=False, rare_max=0),
-    TileConfig(kernel="gluon", pingpong=True, block_n=64, num_stages=3),
+    TileConfig(kernel="gluon", pingpong=True, rare_max=2),  # the warpgroups take turns to issue MMAs
+    TileConfig(kernel="gluon", pingpong=True, q_tma=False, persistent=False, block_n=64, num_stages=3),
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk,tile_q", [
     ([1500, 700], [6000, 700], 4, 16, 128, 128, 16, 8),  # M3 shape, prefix in the cache, two requests

@@ -182,6 +182,15 @@ def test_tma_needs_contiguous_caches(paged_case):
                               tile_config=TileConfig(tma=True))
 
 
+@pytest.mark.parametrize("field", ["group_words", "group_window"])
+def test_regrouping_sizes_must_be_powers_of_two(paged_case, field):
+    case = paged_case([10], [100], hkv=2, group=16, d=64, block=64, device=DEV)
+    with pytest.raises(ValueError, match=f"{field} must be a power of two"):
+        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(**{field: 12}))
+
+
 @pytest.mark.parametrize("field", ["block_n", "rare_block_n"])
 def test_block_n_must_divide_the_block(paged_case, field):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
