@@ -33,6 +33,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+# the TMA load's name: async_copy_global_to_shared up to Triton 3.6 (the GPU machine's), async_load after
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _SMEM_BYTES = 232448 - 1024  # sm_90's shared memory per block, less the barriers and the compiler's scratch
 _PART0 = gl.constexpr(0)  # the consumer warpgroups' row halves
 _PART1 = gl.constexpr(1)
@@ -74,8 +76,8 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
                         tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + j)
                     else:
                         tok = t0 + j  # past the request: rows never stored
-                    tma.async_copy_global_to_shared(QDESC, [(tok * HKV + g) * G, 0], qready.index(qb),
-                                                    q_smem.index(qb * 2 + j // HALF).slice((j % HALF) * G, G))
+                    _tma_load(QDESC, [(tok * HKV + g) * G, 0], qready.index(qb),
+                              q_smem.index(qb * 2 + j // HALF).slice((j % HALF) * G, G))
             else:
                 mbarrier.arrive(qready.index(qb))
         else:
@@ -89,10 +91,10 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
                 row = (page * HKV + g) * B + (it % NSUB) * BN
                 mbarrier.wait(kfree.index(s), free_phase)
                 mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
-                tma.async_copy_global_to_shared(KDESC, [row, 0], kready.index(s), k_smem.index(s))
+                _tma_load(KDESC, [row, 0], kready.index(s), k_smem.index(s))
                 mbarrier.wait(vfree.index(s), free_phase)
                 mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
-                tma.async_copy_global_to_shared(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+                _tma_load(VDESC, [row, 0], vready.index(s), v_smem.index(s))
                 c += 1
         n += 1
         if DYNAMIC:
