@@ -128,6 +128,20 @@ def _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
 
 
 @gluon.jit
+def _row_tokens(rows, TOKMAP, item, t0, q_end, G: gl.constexpr, TQ: gl.constexpr, GROUPED: gl.constexpr):
+    """The token of each tile row (row = slot * G + head) and whether the row is real: from the item's
+    token map (``GROUPED``, -1: empty slot) or ``t0 + slot`` within the request."""
+    if GROUPED:
+        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + rows // G)
+        ok = tok >= 0
+        tok = gl.maximum(tok, 0)
+    else:
+        tok = t0 + rows // G
+        ok = tok < q_end
+    return tok, ok
+
+
+@gluon.jit
 def _turn(turn, k, PART: gl.constexpr, PINGPONG: gl.constexpr):
     """Ping-pong: wait until it is this warpgroup's turn to issue MMAs (its ``k``-th turn)."""
     if PINGPONG:
@@ -209,13 +223,7 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
         q_tile = q_smem.index(qb * 2 + PART)
     else:  # Q gathered by this warpgroup into its shared memory
         rq = PART * WM + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_layout))
-        if GROUPED:
-            tq = gl.load(TOKMAP + item.to(gl.int64) * TQ + rq // G)
-            okq = tq >= 0
-            tq = gl.maximum(tq, 0)
-        else:
-            tq = t0 + rq // G
-            okq = tq < q_end
+        tq, okq = _row_tokens(rq, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
         dq = gl.arange(0, D, layout=gl.SliceLayout(0, q_layout))
         q = gl.load(Q + tq.to(gl.int64)[:, None] * stride_qt + (g * G + rq % G)[:, None] * stride_qh + dq[None, :],
                     mask=okq[:, None], other=0.0)
@@ -226,13 +234,7 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
 
     # the rows' tokens and positions in the score layout
     rows = PART * WM + gl.arange(0, BLOCK_M, layout=row_s)
-    if GROUPED:
-        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + rows // G)
-        row_ok = tok >= 0
-        tok = gl.maximum(tok, 0)
-    else:
-        tok = t0 + rows // G
-        row_ok = tok < q_end
+    tok, row_ok = _row_tokens(rows, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
     pos_min = gl.min(gl.where(row_ok, pos, 2147483647), axis=0)
     row_bit = rows // G
@@ -281,13 +283,7 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     nonempty = l_o > 0
     out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
     ro = PART * WM + gl.arange(0, BLOCK_M, layout=row_o)
-    if GROUPED:
-        to = gl.load(TOKMAP + item.to(gl.int64) * TQ + ro // G)
-        ok_o = to >= 0
-        to = gl.maximum(to, 0)
-    else:
-        to = t0 + ro // G
-        ok_o = to < q_end
+    to, ok_o = _row_tokens(ro, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
     do = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     head = g * G + ro % G
     gl.store(OUT + to.to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + do[None, :],
