@@ -26,10 +26,11 @@ from kernels.sparse_prefill.launch import _launch_tile  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
 _LOG2E = 1.4426950408889634
-# label -> launch_gluon_tile options. Call 1 also timed a consumer that waited for each step's P V
-# before its next score MMA ("plain"): 10.62 / 23.11 ms at 64K / 128K with whole-block steps against
-# 9.31 / 20.54 overlapped (results_h200_run8_gluon1.json); call 2 BN 64 / 4 stages, 240 registers.
-GLUON = {  # call 3 also: ping-pong alone, Q by TMA + ping-pong (results_h200_run8_gluon3.json)
+# label -> launch_gluon_tile options (the table of the last call; RESULTS.md run 8). The earlier calls
+# also timed: a consumer that waits for each step's P V before its next score MMA ("plain"), 64-key
+# steps, 3 stages (results_h200_run8_gluon1.json); persistent vs one program per item, 64-key steps
+# with 4 stages, 240 consumer registers (gluon2.json); ping-pong alone and with Q by TMA (gluon3.json).
+GLUON = {
     "gluon (BN128 st2 persistent)": dict(block_n=128, stages=2, persistent=True),
     "gluon + Q by TMA": dict(block_n=128, stages=2, persistent=True, q_tma=True),
     "gluon + Q by TMA, per item": dict(block_n=128, stages=2, q_tma=True),
