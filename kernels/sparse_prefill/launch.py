@@ -66,9 +66,6 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
     if cfg.kernel not in ("triton", "gluon"):
         raise ValueError(f"msa_prefill_attention: kernel must be 'triton' or 'gluon', got {cfg.kernel!r}")
-    for name, value in (("group_words", cfg.group_words), ("group_window", cfg.group_window)):
-        if value < 1 or value & (value - 1):
-            raise ValueError(f"msa_prefill_attention: {name} must be a power of two, got {value}")
     hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
     block_m = tile_block_m(tile_q, group, cfg.head_split)
     if cfg.kernel == "gluon":
@@ -123,7 +120,11 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
 
 def resolve_config(config: TileConfig, group: int, block: int, q, k_cache, v_cache, gated: bool) -> TileConfig:
     """``config`` resolved for this launch: the Gluon tile kernel by default on sm_90 (``default_kernel``),
-    the Triton one for the gated no-sync launch and for non-contiguous caches."""
+    the Triton one for the gated no-sync launch and for non-contiguous caches; the regrouping's sizes
+    checked (before any kernel runs)."""
+    for name, value in (("group_words", config.group_words), ("group_window", config.group_window)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"msa_prefill_attention: {name} must be a power of two, got {value}")
     if config.kernel is None and (gated or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
         config = dataclasses.replace(config, kernel="triton")
     sm90 = not interpreting() and q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9
