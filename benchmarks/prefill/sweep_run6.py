@@ -165,8 +165,8 @@ def topk_rounds(rows, t: int, rounds: int = 5) -> None:
 
 
 def final(rows, peak, deadline, save) -> None:
-    """The rows with the defaults (explicit launch of ``TileConfig()`` resolved for the GPU; runs 6-8): M3 32K..1M vs cuDNN
-    (1M: one cold dense run, re-measured), the SmolLM2 rows and the top-k rounds."""
+    """The rows with the defaults (explicit launch of ``TileConfig()`` resolved for the GPU; runs 6-8): M3
+    32K..1M vs cuDNN (1M: one cold dense run, re-measured), the SmolLM2 rows and the top-k rounds."""
     plan = [("m3", 65536), ("m3", 131072), ("m3", 32768), ("m3", 262144), ("smollm2", 131072),
             ("smollm2", 32768), ("topk", 131072), ("m3", 1 << 20)]
     if DRY:
