@@ -358,6 +358,8 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     The caller checked the limits (``launch.py``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from kernels.sparse_prefill.launch import persistent_programs
+
     t, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
@@ -379,7 +381,7 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
                                              gl.NVMMASharedLayout.get_default_for([group, d], dtype))
     tokmap = union.tokmap if union.tokmap is not None else union.count
     n_items = tile_req.shape[0] * hkv
-    grid = min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent else n_items
+    grid = persistent_programs(q.device, 1, n_items) if persistent else n_items
     slots = torch.empty(2 * grid, dtype=torch.int32, device=q.device)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     _gluon_tile_kernel[(grid,)](

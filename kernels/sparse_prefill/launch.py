@@ -66,11 +66,11 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
     if cfg.kernel not in ("triton", "gluon"):
         raise ValueError(f"msa_prefill_attention: kernel must be 'triton' or 'gluon', got {cfg.kernel!r}")
-    hopper = not interpreting() and torch.cuda.get_device_capability(q.device)[0] >= 9
+    hopper = sm_major(q.device) >= 9
     block_m = tile_block_m(tile_q, group, cfg.head_split)
-    if cfg.kernel == "gluon":
-        _check_gluon(cfg, q, k_cache, v_cache, block_m, flag)
     contiguous = k_cache.is_contiguous() and v_cache.is_contiguous()
+    if cfg.kernel == "gluon":
+        _check_gluon(cfg, q, contiguous, block_m, flag)
     tma = cfg.kernel == "triton" and use_tma(cfg.tma, hopper, block_m, contiguous)
     kdesc, vdesc = k_cache, v_cache  # unused unless tma
     if tma:
@@ -127,19 +127,22 @@ def resolve_config(config: TileConfig, group: int, block: int, q, k_cache, v_cac
             raise ValueError(f"msa_prefill_attention: {name} must be a power of two, got {value}")
     if config.kernel is None and (gated or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
         config = dataclasses.replace(config, kernel="triton")
-    sm90 = not interpreting() and q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] == 9
-    return config.resolved(group, block, sm90=sm90)
+    return config.resolved(group, block, sm90=sm_major(q.device) == 9)
 
 
-def _check_gluon(cfg: TileConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_m: int,
-                 flag) -> None:
+def sm_major(device: torch.device) -> int:
+    """The GPU's compute-capability major (9: Hopper), 0 under the interpreter or off CUDA."""
+    return 0 if interpreting() or device.type != "cuda" else torch.cuda.get_device_capability(device)[0]
+
+
+def _check_gluon(cfg: TileConfig, q: torch.Tensor, contiguous: bool, block_m: int, flag) -> None:
     """The Gluon tile kernel's limits, each a ValueError naming the fix."""
-    if interpreting() or q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if sm_major(q.device) != 9:
         raise ValueError("msa_prefill_attention: kernel='gluon' needs a Hopper GPU (sm_90); use kernel='triton'")
     if block_m != 128 or cfg.head_split != 1:
         raise ValueError(f"msa_prefill_attention: kernel='gluon' needs 128-row tiles (tile_q x group = 128, "
                          f"head_split 1), got {block_m} rows; use kernel='triton'")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+    if not contiguous:
         raise ValueError("msa_prefill_attention: kernel='gluon' needs contiguous k_cache and v_cache ([pages, Hkv, "
                          "B, d] in that order: TMA); pass .contiguous() caches or use kernel='triton'")
     if flag is not None or cfg.rare_pass == "tail":

@@ -21,6 +21,14 @@ def _run(case, ids, cfg):
     return out, lse
 
 
+def _check_reference(case, ids, out, lse):
+    ref_out, ref_lse = sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
+                                                  case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten (NaN-poisoned) output"
+    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
 def _indexer_ids(case, topk):
     from kernels.indexer import msa_indexer
     return msa_indexer(case["q_idx"], case["k_idx_cache"], case["page_table"], case["cu_seqlens_q"],
@@ -53,11 +61,7 @@ def test_gluon_tile_matches_reference(paged_case, cfg, q_lens, kv_lens, hkv, gro
     ids = _indexer_ids(case, topk)
     cfg = dataclasses.replace(cfg, tile_q=tile_q)
     out, lse = _run(case, ids, cfg)
-    ref_out, ref_lse = sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
-                                                  case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
-    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten (NaN-poisoned) output"
-    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+    _check_reference(case, ids, out, lse)
 
 
 @pytest.mark.gpu
@@ -105,10 +109,7 @@ def test_gluon_tile_fp16_and_bf16(paged_case, dtype):
     ids = _indexer_ids(case, 16)
     out, lse = _run(case, ids, TileConfig(kernel="gluon", tile_q=16))
     assert out.dtype == dtype
-    ref_out, ref_lse = sparse_attention_reference(case["q"].float(), case["k_cache"].float(), case["v_cache"].float(),
-                                                  case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], ids)
-    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+    _check_reference(case, ids, out, lse)
 
 
 @pytest.mark.parametrize("cfg,match", [
