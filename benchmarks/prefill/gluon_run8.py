@@ -1,7 +1,7 @@
 """Run 8: the warp-specialised Gluon tile kernel against the Triton tile kernel, each alone on the same
 unions (M3 shape, selections of the real fused indexer, regrouped tiles, rare_max 1), outputs compared.
 
-    python3 benchmarks/prefill/gluon_run8.py --out DIR [--sizes 65536,131072] [--rounds 2]   # H200
+    python3 benchmarks/prefill/gluon_run8.py --out DIR [--sizes 65536,131072] [--rounds 2] [--table run9]   # H200
 """
 from __future__ import annotations
 
@@ -39,6 +39,24 @@ GLUON = {
                                                  pingpong=True),
 }
 
+# run 9 (RESULTS.md session 7): the item slot in shared memory and the output stored by TMA; with
+# ``--table run9`` and the run-8 module copied to ``benchmarks/prefill/_before/gluon_tile.py`` (not
+# committed) the run-8 kernel is timed beside it
+DEFAULT = dict(block_n=128, stages=2, persistent=True, q_tma=True, dynamic=True)
+RUN9 = {"run 9 default (slot in smem, out by TMA)": DEFAULT, "run 9, out by the consumers": dict(DEFAULT, o_tma=False)}
+
+
+def _before_launcher():
+    """``launch_gluon_tile`` of the run-8 module where ``_before/gluon_tile.py`` holds it, else None."""
+    import importlib.util
+    path = Path(__file__).parent / "_before" / "gluon_tile.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("gluon_tile_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.launch_gluon_tile
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -47,13 +65,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--only", default="", help="comma-separated labels of GLUON to run (default all)")
+    ap.add_argument("--table", choices=("run8", "run9"), default="run8")
     args = ap.parse_args()
+    table = dict(GLUON) if args.table == "run8" else dict(RUN9)
+    before = _before_launcher() if args.table == "run9" else None
+    if before is not None:
+        table["run 8 kernel (slot in global memory)"] = dict(DEFAULT, launch=before)
     deadline = time.time() + args.budget_s
     peak, info = run_info()
     rows = []
     shape = SHAPES["m3"]
     scale = 1 / math.sqrt(shape["d"])
-    variants = {k: v for k, v in GLUON.items() if not args.only or k in args.only.split(",")}
+    variants = {k: v for k, v in table.items() if not args.only or k in args.only.split(",")}
     for t in [int(s) for s in args.sizes.split(",")]:
         if time.time() > deadline:
             break
@@ -75,8 +98,10 @@ def main() -> None:
             out, lse = torch.full_like(x["q"], float("nan")), torch.full((t, shape["hq"]), float("nan"), device=DEV)
 
             def run(out=out, lse=lse, opts=opts):
-                launch_gluon_tile(x["q"], x["k_cache"], x["v_cache"], out, lse, x["cu_seqlens_q"], x["seq_lens_kv"],
-                                  *tiles, tile_only, scale * _LOG2E, 16, 8, **opts)
+                opts = dict(opts)
+                launch = opts.pop("launch", launch_gluon_tile)
+                launch(x["q"], x["k_cache"], x["v_cache"], out, lse, x["cu_seqlens_q"], x["seq_lens_kv"], *tiles,
+                       tile_only, scale * _LOG2E, 16, 8, **opts)
             try:
                 run()
                 torch.cuda.synchronize()
@@ -104,7 +129,7 @@ def main() -> None:
                              tflops_executed=round(tf, 1), frac_peak=round(tf / peak, 3),
                              union_per_tile=round(n_union / int((tiles[0] >= 0).sum()) / 4, 2)))
             print(json.dumps(rows[-1]), flush=True)
-        Path(args.out, "gluon_run8.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+        Path(args.out, f"gluon_{args.table}.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
         torch.cuda.empty_cache()
     for r in rows:
         print(f"{r['case']:<12} {r['variant']:<32} {r['ms']:>8.3f} ms {r['tflops_executed']:>6} TFLOP/s executed "

@@ -35,42 +35,53 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 # the TMA load's name: async_copy_global_to_shared up to Triton 3.6 (the GPU machine's), async_load after
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 _SMEM_BYTES = 232448 - 1024  # sm_90's shared memory per block, less the barriers and the compiler's scratch
 _PART0 = gl.constexpr(0)  # the consumer warpgroups' row halves
 _PART1 = gl.constexpr(1)
+_META = gl.constexpr(8)  # ints per item slot: item, request, first token, q_beg, q_end, kv_len, steps, 0
 
 
 @gluon.jit
-def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree, TILE_REQ,
-              TILE_START, TOKMAP, UPAGE, UCOUNT, SLOTS, NEXT, n_items, stride_ut, stride_uh, HKV: gl.constexpr,
+def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree, CUQ,
+              SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT, n_items, stride_ut, stride_uh, HKV: gl.constexpr,
               G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
               GROUPED: gl.constexpr, QTMA: gl.constexpr, DYNAMIC: gl.constexpr):
     """One warp: picks the program's (tile, KV head) items and issues their TMA copies.
 
     Items: ``pid`` first, then ``pid + programs, ..`` or (``DYNAMIC``) the next one of a global
     counter, so that the items in flight stay neighbours. Item ``n`` goes to the consumers through
-    slot ``n % 2`` (``SLOTS``, the program's two ints) and barrier ``qready[n % 2]``, -1 when done;
+    shared slot ``meta[n % 2]`` (``_META`` ints: the item and what the consumers would otherwise load
+    from global memory one after the other: request, first token, query range, kv length, steps;
+    item -1 when done) and barrier ``qready[n % 2]``;
     with ``QTMA`` the same barrier carries the item's Q (one ``[G, D]`` box per token, rows
     ``token * HKV * G + g * G`` of Q seen as ``[T * Hq, D]``; an empty slot's row is negative:
     zero-filled) into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
     every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items."""
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
-    slots = SLOTS + gl.program_id(0) * 2
+    meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    idx = gl.arange(0, _META, layout=meta_layout)
     c = 0
     n = 0
     item = gl.program_id(0)
     while item < n_items:
         qb = n % 2
-        mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
-        gl.store(slots + qb, item)
         tile = item // HKV
         g = item % HKV
         req = gl.load(TILE_REQ + tile)
+        t0 = gl.load(TILE_START + tile)
+        rq = gl.maximum(req, 0)
+        steps = gl.load(UCOUNT + item) * NSUB
+        info = gl.where(idx == 0, item, gl.where(idx == 1, req, gl.where(idx == 2, t0, gl.where(
+            idx == 3, gl.load(CUQ + rq), gl.where(idx == 4, gl.load(CUQ + rq + 1), gl.where(
+                idx == 5, gl.load(SEQ + rq), gl.where(idx == 6, steps, 0)))))))
+        mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
+        meta.index(qb).store(info)
+        gl.thread_barrier()  # the slot written before the barrier's arrive publishes it
         if QTMA:
             if req >= 0:
                 mbarrier.expect(qready.index(qb), TQ * QDESC.block_type.nbytes)
-                t0 = gl.load(TILE_START + tile)
                 for j in gl.static_range(TQ):
                     if GROUPED:
                         tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + j)
@@ -84,7 +95,7 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
             mbarrier.arrive(qready.index(qb))
         if req >= 0:
             u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
-            for it in range(0, gl.load(UCOUNT + item) * NSUB):
+            for it in range(0, steps):
                 s = c % STAGES
                 free_phase = ((c // STAGES) & 1) ^ 1
                 page = gl.load(UPAGE + u_off + it // NSUB)
@@ -103,7 +114,8 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready
             item += gl.num_programs(0)
     qb = n % 2
     mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)
-    gl.store(slots + qb, -1)
+    meta.index(qb).store(gl.full([_META], -1, gl.int32, layout=meta_layout))
+    gl.thread_barrier()
     mbarrier.arrive(qready.index(qb))
 
 
@@ -156,39 +168,44 @@ def _pass_turn(turn, PART: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-              qready, qfree, kready, vready, kfree, vfree, turn, SLOTS, stride_qt, stride_qh, stride_ot, stride_oh,
-              stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
-              TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
-              STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each item the producer hands over (slot and
-    barrier ``n % 2``, -1: done); ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
-    slots = SLOTS + gl.program_id(0) * 2
+def _slot(meta, qb, i: gl.constexpr):
+    """Int ``i`` of shared item slot ``qb`` as a scalar (every thread reads it)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return gl.max(meta.index(qb).slice(i, 1).load(one), axis=0)
+
+
+@gluon.jit
+def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready,
+              kfree, vfree, turn, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+              PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr,
+              D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+              QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each item the producer hands over (shared
+    slot and barrier ``n % 2``, item -1: done); ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
     c = 0
     n = 0
     k = 0
     mbarrier.wait(qready.index(0), 0)
-    item = gl.load(slots, volatile=True)
+    item = _slot(meta, 0, 0)
     while item >= 0:
         qb = n % 2
-        if gl.load(TILE_REQ + item // HKV) >= 0:
-            c, k = _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem,
-                                  k_smem, v_smem, kready, vready, kfree, vfree, turn, item, c, qb, k, stride_qt,
-                                  stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ,
-                                  WM, D, B, BN, STAGES, GROUPED, QTMA, PINGPONG)
+        if _slot(meta, qb, 1) >= 0:
+            c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready,
+                                  vready, kfree, vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot,
+                                  stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B, BN, STAGES,
+                                  GROUPED, QTMA, OTMA, PINGPONG)
         mbarrier.arrive(qfree.index(qb))
         n += 1
         mbarrier.wait(qready.index(n % 2), (n // 2) & 1)
-        item = gl.load(slots + n % 2, volatile=True)
+        item = _slot(meta, n % 2, 0)
 
 
 @gluon.jit
-def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                   kready, vready, kfree, vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot,
-                   stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
-                   G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
-                   BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr,
-                   PINGPONG: gl.constexpr):
+def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready, vready, kfree,
+                   vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+                   qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
+                   WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                   GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr):
     """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
     item's steps in the ring, ``qb`` is its Q buffer (``QTMA``: filled, the caller waited), ``k`` its
     ping-pong turns; returns ``c`` and ``k`` after it.
@@ -211,13 +228,12 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
 
     tile = item // HKV
     g = item % HKV
-    req = gl.load(TILE_REQ + tile)
-    t0 = gl.load(TILE_START + tile)
-    q_beg = gl.load(CUQ + req)
-    q_end = gl.load(CUQ + req + 1)
-    kv_len = gl.load(SEQ + req)
+    t0 = _slot(meta, qb, 2)
+    q_beg = _slot(meta, qb, 3)
+    q_end = _slot(meta, qb, 4)
+    kv_len = _slot(meta, qb, 5)
+    n_steps = _slot(meta, qb, 6)
     u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
-    n_steps = gl.load(UCOUNT + item) * NSUB
 
     if QTMA:  # Q in one of the two buffers the producer fills
         q_tile = q_smem.index(qb * 2 + PART)
@@ -284,10 +300,28 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
     out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
     ro = PART * WM + gl.arange(0, BLOCK_M, layout=row_o)
     to, ok_o = _row_tokens(ro, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
-    do = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     head = g * G + ro % G
-    gl.store(OUT + to.to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + do[None, :],
-             out.to(OUT.dtype.element_ty), mask=ok_o[:, None])
+    if OTMA:  # through this warpgroup's half of the item's Q buffer (its last read was the last score MMA)
+        HALF: gl.constexpr = TQ // 2
+        o_tile = q_smem.index(qb * 2 + PART)
+        o_tile.store(out.to(OUT.dtype.element_ty))
+        fence_async_shared()
+        gl.thread_barrier()
+        for j in gl.static_range(HALF):
+            slot = PART * HALF + j
+            if GROUPED:
+                tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + slot)
+                ok = tok >= 0
+            else:
+                tok = t0 + slot
+                ok = tok < q_end
+            if ok:
+                _tma_store(ODESC, [(tok * HKV + g) * G, 0], o_tile.slice(j * G, G))
+        tma.store_wait(0)  # the buffer is read before the caller frees it
+    else:
+        do = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        gl.store(OUT + to.to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + do[None, :],
+                 out.to(OUT.dtype.element_ty), mask=ok_o[:, None])
     m_o = gl.convert_layout(m_i, row_o)
     lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     gl.store(LSE + to.to(gl.int64) * (HKV * G) + head, lse, mask=ok_o)
@@ -295,17 +329,17 @@ def _consumer_item(Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, U
 
 
 @gluon.jit
-def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE, UMASK,
-                       UCOUNT, SLOTS, NEXT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE,
+                       UMASK, UCOUNT, NEXT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
                        qk_scale,
                        HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
                        B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-                       QTMA: gl.constexpr, PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
+                       QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Launched with 4 warps: the default partition is consumer 0; the workers consumer 1 (4 warps) and
     the producer (1 warp). The producer picks the program's (tile, KV head) items (``_producer``): one
     per program when the grid covers them all, else persistent (``DYNAMIC``: from a global counter).
-    ``SLOTS``: two ints per program; ``NEXT``: the counter, zero at launch."""
+    ``NEXT``: the counter, zero at launch; ``OTMA`` (with ``QTMA``): out stored by TMA through ``ODESC``."""
     WM: gl.constexpr = BLOCK_M // 2
     NQ: gl.constexpr = 4 if QTMA else 2  # (Q buffers x) warpgroups
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
@@ -319,6 +353,7 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TIL
     qready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     qfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    meta = gl.allocate_shared_memory(gl.int32, [2, _META], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     for i in gl.static_range(STAGES):
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(vready.index(i), count=1)
@@ -331,30 +366,29 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TIL
     if PINGPONG:
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     gl.warp_specialize([
-        (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     qready, qfree, kready, vready, kfree, vfree, turn, SLOTS, stride_qt, stride_qh, stride_ot,
-                     stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED,
-                     QTMA, PINGPONG)),
-        (_consumer, (Q, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UMASK, UCOUNT, q_smem, k_smem, v_smem,
-                     qready, qfree, kready, vready, kfree, vfree, turn, SLOTS, stride_qt, stride_qh, stride_ot,
-                     stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED,
-                     QTMA, PINGPONG)),
-        (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, qready, qfree, kready, vready, kfree, vfree,
-                     TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, SLOTS, NEXT, n_items, stride_ut, stride_uh, HKV,
+        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
+                     vready, kfree, vfree, turn, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+                     qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG)),
+        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
+                     vready, kfree, vfree, turn, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
+                     qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG)),
+        (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree,
+                     CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT, n_items, stride_ut, stride_uh, HKV,
                      G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
                       qk_scale: float, group: int, tile_q: int, block_n: int, stages: int, persistent: bool = False,
-                      q_tma: bool = False, pingpong: bool = False, dynamic: bool = False, consumer_regs: int = 232,
-                      producer_regs: int = 40) -> None:
+                      q_tma: bool = False, pingpong: bool = False, dynamic: bool = False, o_tma: bool = True,
+                      consumer_regs: int = 232, producer_regs: int = 40) -> None:
     """The (tile, KV head) items over ``union`` (``unions.py``), writing ``out`` / ``lse`` of the union
     blocks; ``qk_scale`` includes log2(e); ``persistent``: one program per SM taking items in turn
     (else one per item; ``dynamic``: taking the next item of a global counter, not every SM-th);
     ``q_tma``: the producer copies each item's Q (contiguous ``q``, groups of
     8 or 16 heads, where a second Q buffer fits in shared memory; else the consumers load it);
-    ``pingpong``: the consumers take turns to issue MMAs.
+    ``pingpong``: the consumers take turns to issue MMAs; ``o_tma`` (with Q by TMA and a contiguous
+    ``out``): each warpgroup stores its output by TMA through its half of the item's Q buffer.
     The caller checked the limits (``launch.py``)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -375,19 +409,21 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     # Q by TMA takes a second Q buffer: where that does not fit, the consumers load Q
     q_tma = (q_tma and group in (8, 16) and q.is_contiguous()
              and kv_bytes + 2 * tile_q * group * d * esize <= _SMEM_BYTES)
-    qdesc = kdesc  # unused unless q_tma
+    qdesc = odesc = kdesc  # unused unless q_tma / o_tma
+    o_tma = o_tma and q_tma and out.is_contiguous()
+    box = gl.NVMMASharedLayout.get_default_for([group, d], dtype)
     if q_tma:
-        qdesc = TensorDescriptor.from_tensor(q.view(-1, d), [group, d],
-                                             gl.NVMMASharedLayout.get_default_for([group, d], dtype))
+        qdesc = TensorDescriptor.from_tensor(q.view(-1, d), [group, d], box)
+    if o_tma:
+        odesc = TensorDescriptor.from_tensor(out.view(-1, d), [group, d], box)
     tokmap = union.tokmap if union.tokmap is not None else union.count
     n_items = tile_req.shape[0] * hkv
     grid = persistent_programs(q.device, 1, n_items) if persistent else n_items
-    slots = torch.empty(2 * grid, dtype=torch.int32, device=q.device)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     _gluon_tile_kernel[(grid,)](
-        q, qdesc, kdesc, vdesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union,
-        union.pages, union.token_mask, union.count, slots, counter, n_items, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1),
-        union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q, BLOCK_M=tile_q * group,
-        D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None, QTMA=q_tma, PINGPONG=pingpong,
-        DYNAMIC=dynamic and persistent, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)
+        q, qdesc, kdesc, vdesc, odesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union,
+        union.pages, union.token_mask, union.count, counter, n_items, q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q,
+        BLOCK_M=tile_q * group, D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None,
+        QTMA=q_tma, OTMA=o_tma, PINGPONG=pingpong, DYNAMIC=dynamic and persistent, CONSUMER_REGS=consumer_regs,
+        PRODUCER_REGS=producer_regs, num_warps=4)

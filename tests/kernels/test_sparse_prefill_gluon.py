@@ -40,6 +40,7 @@ def _indexer_ids(case, topk):
 @pytest.mark.parametrize("cfg", [
     TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, persistent, dynamic hand-off, Q by TMA
     TileConfig(kernel="gluon", dynamic=False),  # persistent, every SM-th item
+    TileConfig(kernel="gluon", group=False),  # tiles of consecutive tokens: out by TMA skips slots past a request
     TileConfig(kernel="gluon", persistent=False, q_tma=False),  # one program per item, Q by the consumers
     TileConfig(kernel="gluon", block_n=64, num_stages=3),
     TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),  # no room for two Q buffers
