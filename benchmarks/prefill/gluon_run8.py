@@ -43,7 +43,22 @@ GLUON = {
 # ``--table run9`` and the run-8 module copied to ``benchmarks/prefill/_before/gluon_tile.py`` (not
 # committed) the run-8 kernel is timed beside it
 DEFAULT = dict(block_n=128, stages=2, persistent=True, q_tma=True, dynamic=True)
-RUN9 = {"run 9 default (slot in smem, out by TMA)": DEFAULT, "run 9, out by the consumers": dict(DEFAULT, o_tma=False)}
+RUN9 = {"run 9 default (slot in smem, out by TMA)": DEFAULT, "run 9, out by the consumers": dict(DEFAULT, o_tma=False),
+        "union sorted by block, ascending": dict(DEFAULT, sort="asc"),
+        "union sorted by block, descending": dict(DEFAULT, sort="desc"),
+        "run 9 + ping-pong": dict(DEFAULT, pingpong=True),
+        "run 9 + 240 / 24 registers": dict(DEFAULT, consumer_regs=240, producer_regs=24)}
+# call 3 also timed items in runs of 32 / 256 tiles of one KV head (a producer option since removed:
+# no gain, results_h200_run9_gluon2.json)
+
+
+def sorted_union(u: TileUnions, descending: bool) -> TileUnions:
+    """The same unions with each (tile, KV head)'s blocks in block order (neighbouring tiles then read
+    the blocks they share at about the same step)."""
+    key = torch.where(u.union >= 0, u.union, -1 if descending else 2 ** 31 - 1)
+    order = torch.sort(key, dim=-1, descending=descending, stable=True).indices
+    return TileUnions(*(x.gather(-1, order).contiguous() for x in (u.union, u.pages, u.token_mask)), u.count,
+                      None, u.tokmap)
 
 
 def _before_launcher():
@@ -97,11 +112,14 @@ def main() -> None:
         for label, opts in variants.items():
             out, lse = torch.full_like(x["q"], float("nan")), torch.full((t, shape["hq"]), float("nan"), device=DEV)
 
-            def run(out=out, lse=lse, opts=opts):
-                opts = dict(opts)
-                launch = opts.pop("launch", launch_gluon_tile)
+            opts = dict(opts)
+            launch = opts.pop("launch", launch_gluon_tile)
+            order = opts.pop("sort", None)
+            unions = tile_only if order is None else sorted_union(tile_only, order == "desc")
+
+            def run(out=out, lse=lse, opts=opts, launch=launch, unions=unions):
                 launch(x["q"], x["k_cache"], x["v_cache"], out, lse, x["cu_seqlens_q"], x["seq_lens_kv"], *tiles,
-                       tile_only, scale * _LOG2E, 16, 8, **opts)
+                       unions, scale * _LOG2E, 16, 8, **opts)
             try:
                 run()
                 torch.cuda.synchronize()

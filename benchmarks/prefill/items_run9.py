@@ -30,7 +30,7 @@ _LOG2E = 1.4426950408889634
 OPTS = dict(block_n=128, stages=2, persistent=True, q_tma=True, dynamic=True)  # the sm_90 default
 
 
-def synthetic(t: int, prefix_blocks: int, n: int, half: bool, gen: torch.Generator) -> tuple:
+def synthetic(t: int, prefix_blocks: int, n: int, half: bool, gen: torch.Generator, same: bool = False) -> tuple:
     shape = SHAPES["m3"]
     hq, hkv, d, block = shape["hq"], shape["hkv"], shape["d"], shape["block"]
     n_pages = prefix_blocks + t // block
@@ -44,6 +44,8 @@ def synthetic(t: int, prefix_blocks: int, n: int, half: bool, gen: torch.Generat
     n_tiles = tiles[0].shape[0]
     cap = 128
     ids = torch.rand(n_tiles, hkv, prefix_blocks, device=DEV, generator=gen).argsort(-1)[..., :cap].to(torch.int32)
+    if same:  # every item the same blocks: K and V stay in L2
+        ids = ids[:1, :1].expand(n_tiles, hkv, cap)
     cols = torch.arange(cap, device=DEV)
     union = torch.where(cols < n, ids, -1).contiguous()
     pages = torch.where(cols < n, page_table[0][ids.clamp(min=0).long()], 0).to(torch.int32).contiguous()
@@ -63,7 +65,10 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--steps", default="0,1,2,4,8,16,24,32,64")
+    ap.add_argument("--variants", default="", help="also time: same (every item the same blocks), pingpong, "
+                                                   "regs240 (comma-separated)")
     args = ap.parse_args()
+    extra = [v for v in args.variants.split(",") if v]
     peak, info = run_info()
     gen = torch.Generator(device=DEV).manual_seed(0)
     shape = SHAPES["m3"]
@@ -75,14 +80,17 @@ def main() -> None:
         launchers["run 8"] = _before_launcher()
     cases = [(False, k, int(n)) for k in launchers for n in args.steps.split(",")]
     cases += [(True, "run 9", int(n)) for n in args.steps.split(",")]
+    cases += [(False, v, int(n)) for v in extra for n in args.steps.split(",")]
+    variant_opts = dict(pingpong=dict(pingpong=True), regs240=dict(consumer_regs=240, producer_regs=24))
     for half, kernel, n in cases:
-        q, kc, vc, cu, seq, tiles, u = synthetic(args.tokens, 512, n, half, gen)
+        q, kc, vc, cu, seq, tiles, u = synthetic(args.tokens, 512, n, half, gen, same=kernel == "same")
+        opts = dict(OPTS, **variant_opts.get(kernel, {}))
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
         items = int((tiles[0] >= 0).sum()) * shape["hkv"]
 
-        def run(launch=launchers[kernel]):
-            launch(q, kc, vc, out, lse, cu, seq, *tiles, u, scale, 16, 8, **OPTS)
+        def run(launch=launchers.get(kernel, launch_gluon_tile)):
+            launch(q, kc, vc, out, lse, cu, seq, *tiles, u, scale, 16, 8, **opts)
         ms = timed(run, 7)
         flops = items * n * 128 * shape["block"] * shape["d"] * 4
         row = dict(kernel=kernel, steps=n, half_members=half, items=items, ms=round(ms, 4),
