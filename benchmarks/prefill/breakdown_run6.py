@@ -1,10 +1,11 @@
-"""Runs 6 to 8: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
+"""Runs 6 to 9: where the tile design's time goes (union build, tile kernel, rare-block merge pass) and the tile
 loop's raw rate on shared selections (every token of a 128-token window given its first token's
 blocks, so every union block is used by all 8 tokens: the ceiling that grouping tokens can reach).
 
     python3 benchmarks/prefill/breakdown_run6.py --out DIR [--sizes 65536,131072]   # H200
     python3 benchmarks/prefill/breakdown_run6.py --out DIR --set run7 --selections real --sizes 65536,131072,1048576
     python3 benchmarks/prefill/breakdown_run6.py --out DIR --set run8 --selections real --sizes 131072,1048576
+    python3 benchmarks/prefill/breakdown_run6.py --out DIR --set run9 --selections real --sizes 131072,1048576
     python3 benchmarks/prefill/breakdown_run6.py --dry-cpu --out /tmp/x            # tiny
 """
 from __future__ import annotations
@@ -46,16 +47,29 @@ RUN8 = {k: v.resolved(16, 128) for k, v in {  # run 8: the warp-specialised Gluo
     "run-8 default on sm_90 (Gluon tile kernel)": TileConfig(kernel="gluon"),
 }.items()}
 
+# run 9: the rare pass's launch options around the run-7 choice (2 warps, 64-key steps, 2 stages: ~64 KB of
+# shared memory per program, 3 programs per SM). Call 6 also timed the items in the order of their first rare
+# block (a launch option since removed: 34.70 -> 35.28 ms at 1M, results_h200_run9_breakdown_rare_order.json;
+# its "run-9 default" there is the Triton tile kernel, the set did not name the kernel)
+RUN9 = {k: v.resolved(16, 128, sm90=True) for k, v in {
+    "run-9 default": TileConfig(kernel="gluon"),
+    "rare pass 1 stage": TileConfig(kernel="gluon", rare_stages=1),
+    "rare pass 32-key steps": TileConfig(kernel="gluon", rare_block_n=32),
+    "rare pass 32-key steps, 3 stages": TileConfig(kernel="gluon", rare_block_n=32, rare_stages=3),
+    "rare pass 1 warp": TileConfig(kernel="gluon", rare_warps=1),
+    "rare pass 1 warp, 32-key steps": TileConfig(kernel="gluon", rare_warps=1, rare_block_n=32),
+}.items()}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sizes", default="65536,131072")
     ap.add_argument("--dry-cpu", action="store_true")
-    ap.add_argument("--set", default="run6", choices=("run6", "run7", "run8"))
+    ap.add_argument("--set", default="run6", choices=("run6", "run7", "run8", "run9"))
     ap.add_argument("--selections", default="real,shared")
     args = ap.parse_args()
-    configs = dict(run6=RUN6, run7=RUN7, run8=RUN8)[args.set]
+    configs = dict(run6=RUN6, run7=RUN7, run8=RUN8, run9=RUN9)[args.set]
     peak, info = run_info()
     rows = []
 

@@ -43,7 +43,7 @@ GLUON = {
 # ``--table run9`` and the run-8 module copied to ``benchmarks/prefill/_before/gluon_tile.py`` (not
 # committed) the run-8 kernel is timed beside it
 DEFAULT = dict(block_n=128, stages=2, persistent=True, q_tma=True, dynamic=True)
-RUN9 = {"run 9 default (slot in smem, out by TMA)": DEFAULT, "run 9, out by the consumers": dict(DEFAULT, o_tma=False),
+RUN9 = {"run 9 default (slot in smem; out by TMA)": DEFAULT, "run 9, out by the consumers": dict(DEFAULT, o_tma=False),
         "union sorted by block, ascending": dict(DEFAULT, sort="asc"),
         "union sorted by block, descending": dict(DEFAULT, sort="desc"),
         "run 9 + ping-pong": dict(DEFAULT, pingpong=True),
