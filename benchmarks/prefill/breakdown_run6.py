@@ -25,7 +25,8 @@ from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
 from kernels.sparse_prefill.grouping import group_tiles  # noqa: E402
-from kernels.sparse_prefill.launch import _launch_tile, launch_rare_merge  # noqa: E402
+from kernels.sparse_prefill.launch import _launch_tile, launch_rare_items, launch_rare_merge  # noqa: E402
+from kernels.sparse_prefill.rare_items import build_rare_items  # noqa: E402
 from kernels.sparse_prefill.unions import TileUnions, build_unions  # noqa: E402
 
 RUN6 = {k: v.resolved(16, 128) for k, v in {
@@ -47,17 +48,16 @@ RUN8 = {k: v.resolved(16, 128) for k, v in {  # run 8: the warp-specialised Gluo
     "run-8 default on sm_90 (Gluon tile kernel)": TileConfig(kernel="gluon"),
 }.items()}
 
-# run 9: the rare pass's launch options around the run-7 choice (2 warps, 64-key steps, 2 stages: ~64 KB of
-# shared memory per program, 3 programs per SM). Call 6 also timed the items in the order of their first rare
-# block (a launch option since removed: 34.70 -> 35.28 ms at 1M, results_h200_run9_breakdown_rare_order.json;
-# its "run-9 default" there is the Triton tile kernel, the set did not name the kernel)
+# run 9: the rare pass, per token (the run-7 default: 2 warps, 64-key steps, 2 stages; call 7 also timed 1 stage,
+# 32-key steps, 1 warp: results_h200_run9_breakdown_rare_opts.json; call 6 the items in the order of their first
+# rare block, a launch option since removed: results_h200_run9_breakdown_rare_order.json) or bucketed into items
+# that share K / V (rare_pass "items", the Gluon kernel's rare mode), at rare_max 1 to 3
 RUN9 = {k: v.resolved(16, 128, sm90=True) for k, v in {
-    "run-9 default": TileConfig(kernel="gluon"),
-    "rare pass 1 stage": TileConfig(kernel="gluon", rare_stages=1),
-    "rare pass 32-key steps": TileConfig(kernel="gluon", rare_block_n=32),
-    "rare pass 32-key steps, 3 stages": TileConfig(kernel="gluon", rare_block_n=32, rare_stages=3),
-    "rare pass 1 warp": TileConfig(kernel="gluon", rare_warps=1),
-    "rare pass 1 warp, 32-key steps": TileConfig(kernel="gluon", rare_warps=1, rare_block_n=32),
+    "run-9 default (token pass, rare_max 1)": TileConfig(kernel="gluon"),
+    "items pass, rare_max 1": TileConfig(kernel="gluon", rare_pass="items"),
+    "token pass, rare_max 2": TileConfig(kernel="gluon", rare_max=2),
+    "items pass, rare_max 2": TileConfig(kernel="gluon", rare_pass="items", rare_max=2),
+    "items pass, rare_max 3": TileConfig(kernel="gluon", rare_pass="items", rare_max=3),
 }.items()}
 
 
@@ -105,8 +105,12 @@ def main() -> None:
                                                  rare_max=cfg.rare_max, tokmap=tokmap), 5)
                 t_tile = timed(lambda: _launch_tile(*att, ids, out, lse, scale, 8, tiles=tiles, union=tile_only,
                                                     config=cfg), 5)
-                t_rare = timed(lambda: launch_rare_merge(*att, u.rare_ids, out, lse, scale, cfg, 128),
-                               5) if n_rare else 0.0
+                if cfg.rare_pass == "items":
+                    t_rare = timed(lambda: launch_rare_items(*att, u.rare_ids, out, lse, scale, cfg), 5) if n_rare else 0.0
+                    t_bucket = timed(lambda: build_rare_items(u.rare_ids, x["page_table"], x["cu_seqlens_q"], 8), 5)
+                else:
+                    t_rare = timed(lambda: launch_rare_merge(*att, u.rare_ids, out, lse, scale, cfg, 128),
+                                   5) if n_rare else 0.0
                 steps = int(u.count[tiles[0] >= 0].sum()) * (shape["block"] // (cfg.block_n or shape["block"]))
                 exec_tile = float(u.count[tiles[0] >= 0].sum()) * 128 * shape["block"] * shape["d"] * 4
                 mean_union = float(u.count[tiles[0] >= 0].float().mean())
@@ -116,6 +120,8 @@ def main() -> None:
                 add(case, f"{label}: tile kernel only", t_tile, exec_tile,
                     f"TFLOP/s = executed (all 128 rows x union blocks); {steps} loop steps, "
                     f"{mean_union:.2f} union blocks per tile")
+                if n_rare and cfg.rare_pass == "items":
+                    add(case, f"{label}: bucketing (in the rare pass below)", t_bucket)
                 if n_rare:
                     add(case, f"{label}: rare merge pass only", t_rare, None,
                         f"{n_rare} rare pairs, {n_rare / max(t_rare, 1e-9) / 1e3:.1f} M pairs/s, "

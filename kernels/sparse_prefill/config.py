@@ -62,7 +62,10 @@ class TileConfig:
     the consumers loading it (run 8: 20.98 -> 19.98 ms at 128K, 197.0 -> 190.3 at 1M); dynamic: a
     persistent Gluon program takes its next item from a global counter instead of every SM-th one, so
     the items in flight stay neighbours (run 8: 19.98 -> 19.69 ms at 128K, 190.3 -> 182.3 at 1M);
-    pingpong: its two consumer warpgroups take turns to issue their MMAs (run 8: no faster, opt-in).
+    pingpong: its two consumer warpgroups take turns to issue their MMAs (run 8: no faster, opt-in);
+    rare_pass "items" (Gluon kernel only): the rare pairs bucketed by (round, KV head, request,
+    block) into items of up to ``tile_q`` tokens (``rare_items.py``), each item's K / V read once for
+    its tokens by the Gluon kernel's rare mode, which merges into the output (one launch per round).
     Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """

@@ -39,14 +39,15 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 _SMEM_BYTES = 232448 - 1024  # sm_90's shared memory per block, less the barriers and the compiler's scratch
 _PART0 = gl.constexpr(0)  # the consumer warpgroups' row halves
 _PART1 = gl.constexpr(1)
-_META = gl.constexpr(8)  # ints per item slot: item, request, first token, q_beg, q_end, kv_len, steps, 0
+_META = gl.constexpr(8)  # ints per item slot: item, request, first token, q_beg, q_end, kv_len, steps, KV head
 
 
 @gluon.jit
 def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree, CUQ,
-              SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT, n_items, stride_ut, stride_uh, HKV: gl.constexpr,
-              G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-              GROUPED: gl.constexpr, QTMA: gl.constexpr, DYNAMIC: gl.constexpr):
+              SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut, stride_uh,
+              HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
+              STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr, DYNAMIC: gl.constexpr,
+              RARE: gl.constexpr):
     """One warp: picks the program's (tile, KV head) items and issues their TMA copies.
 
     Items: ``pid`` first, then ``pid + programs, ..`` or (``DYNAMIC``) the next one of a global
@@ -57,25 +58,38 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, 
     with ``QTMA`` the same barrier carries the item's Q (one ``[G, D]`` box per token, rows
     ``token * HKV * G + g * G`` of Q seen as ``[T * Hq, D]``; an empty slot's row is negative:
     zero-filled) into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
-    every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items."""
+    every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items.
+    ``RARE`` (``rare_items.py``): the items are ``n_items[0] .. n_items[1]`` of a round of rare items,
+    each one block (``UPAGE[item]``) of KV head ``ITEM_G[item]`` for the tokens ``TOKMAP[item]``."""
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
     meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     idx = gl.arange(0, _META, layout=meta_layout)
     c = 0
     n = 0
-    item = gl.program_id(0)
-    while item < n_items:
+    if RARE:  # this round's items
+        first = gl.load(n_items)
+        end = gl.load(n_items + 1)
+    else:
+        first = 0
+        end = n_items
+    item = first + gl.program_id(0)
+    while item < end:
         qb = n % 2
-        tile = item // HKV
-        g = item % HKV
+        if RARE:
+            tile = item
+            g = gl.load(ITEM_G + item)
+            steps = NSUB
+        else:
+            tile = item // HKV
+            g = item % HKV
+            steps = gl.load(UCOUNT + item) * NSUB
         req = gl.load(TILE_REQ + tile)
         t0 = gl.load(TILE_START + tile)
         rq = gl.maximum(req, 0)
-        steps = gl.load(UCOUNT + item) * NSUB
         info = gl.where(idx == 0, item, gl.where(idx == 1, req, gl.where(idx == 2, t0, gl.where(
             idx == 3, gl.load(CUQ + rq), gl.where(idx == 4, gl.load(CUQ + rq + 1), gl.where(
-                idx == 5, gl.load(SEQ + rq), gl.where(idx == 6, steps, 0)))))))
+                idx == 5, gl.load(SEQ + rq), gl.where(idx == 6, steps, g)))))))
         mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
         meta.index(qb).store(info)
         gl.thread_barrier()  # the slot written before the barrier's arrive publishes it
@@ -109,7 +123,7 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, 
                 c += 1
         n += 1
         if DYNAMIC:
-            item = gl.atomic_add(NEXT, 1) + gl.num_programs(0)
+            item = first + gl.atomic_add(NEXT, 1) + gl.num_programs(0)
         else:
             item += gl.num_programs(0)
     qb = n % 2
@@ -121,13 +135,17 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, 
 
 @gluon.jit
 def _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i, qk_scale,
-                  B: gl.constexpr, BN: gl.constexpr, p_layout: gl.constexpr, dt: gl.constexpr):
+                  B: gl.constexpr, BN: gl.constexpr, p_layout: gl.constexpr, dt: gl.constexpr, RARE: gl.constexpr):
     """Online-softmax update by step ``it``'s raw scores: the new row max and sum, the factor
-    ``alpha`` the accumulator must be rescaled by, and ``P`` in the A-operand layout of the P V MMA."""
+    ``alpha`` the accumulator must be rescaled by, and ``P`` in the A-operand layout of the P V MMA.
+    ``RARE``: every token of the item chose the block (no token mask)."""
     NSUB: gl.constexpr = B // BN
     u = it // NSUB
     key0 = gl.load(UNION + u_off + u) * B + (it % NSUB) * BN
-    bits = gl.load(UMASK + u_off + u)
+    if RARE:
+        bits = -1
+    else:
+        bits = gl.load(UMASK + u_off + u)
     bias = gl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose the block
     if key0 + (BN - 1) > pos_min:  # a key of this step lies past some row: causal mask
         s_raw = gl.where((key0 + offs_n)[None, :] <= pos[:, None], s_raw, float("-inf"))
@@ -176,10 +194,10 @@ def _slot(meta, qb, i: gl.constexpr):
 
 @gluon.jit
 def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready,
-              kfree, vfree, turn, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+              kfree, vfree, turn, obar, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
               PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr,
               D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-              QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr):
+              QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr, RARE: gl.constexpr):
     """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each item the producer hands over (shared
     slot and barrier ``n % 2``, item -1: done); ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
     c = 0
@@ -191,9 +209,9 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
         qb = n % 2
         if _slot(meta, qb, 1) >= 0:
             c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready,
-                                  vready, kfree, vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot,
-                                  stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B, BN, STAGES,
-                                  GROUPED, QTMA, OTMA, PINGPONG)
+                                  vready, kfree, vfree, turn, obar, item, c, qb, k, n, stride_qt, stride_qh,
+                                  stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B,
+                                  BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG, RARE)
         mbarrier.arrive(qfree.index(qb))
         n += 1
         mbarrier.wait(qready.index(n % 2), (n // 2) & 1)
@@ -202,13 +220,17 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
 
 @gluon.jit
 def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready, vready, kfree,
-                   vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                   qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
+                   vfree, turn, obar, item, c, qb, k, n, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                   stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
                    WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                   GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr):
+                   GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr,
+                   RARE: gl.constexpr):
     """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
     item's steps in the ring, ``qb`` is its Q buffer (``QTMA``: filled, the caller waited), ``k`` its
-    ping-pong turns; returns ``c`` and ``k`` after it.
+    ping-pong turns, ``n`` the items before it; returns ``c`` and ``k`` after it. ``RARE``: the item's
+    result is merged into the ``OUT`` / ``LSE`` already there (the rows' earlier blocks): the earlier
+    output comes by TMA into this warpgroup's half of the Q buffer (barrier ``obar[PART]``) while the
+    last P V runs.
 
     Step 0's scores and softmax come first; then each step issues its score MMA and the previous
     step's P V MMA together and runs its softmax while P V is still on the tensor cores. ``PINGPONG``:
@@ -226,8 +248,11 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
-    tile = item // HKV
-    g = item % HKV
+    if RARE:
+        tile = item
+    else:
+        tile = item // HKV
+    g = _slot(meta, qb, 7)
     t0 = _slot(meta, qb, 2)
     q_beg = _slot(meta, qb, 3)
     q_end = _slot(meta, qb, 4)
@@ -269,7 +294,7 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
         s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
         mbarrier.arrive(kfree.index(s0))
         m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i,
-                                              qk_scale, B, BN, p_layout, k_smem.dtype)
+                                              qk_scale, B, BN, p_layout, k_smem.dtype, RARE)
         for it in range(1, n_steps):
             st = (c + it) % STAGES
             prev = (c + it - 1) % STAGES
@@ -282,10 +307,17 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
             s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
             mbarrier.arrive(kfree.index(st))
             m_i, l_i, alpha, p_op = _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
-                                                  m_i, l_i, qk_scale, B, BN, p_layout, k_smem.dtype)
+                                                  m_i, l_i, qk_scale, B, BN, p_layout, k_smem.dtype, RARE)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(vfree.index(prev))
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        if RARE:  # every score MMA is done: the Q half takes the rows' earlier output
+            HALF0: gl.constexpr = TQ // 2
+            o_buf = q_smem.index(qb * 2 + PART)
+            mbarrier.expect(obar.index(PART), HALF0 * ODESC.block_type.nbytes)
+            for j in gl.static_range(HALF0):
+                tok_j = gl.load(TOKMAP + item.to(gl.int64) * TQ + PART * HALF0 + j)  # -1: zero-filled box
+                _tma_load(ODESC, [(tok_j * HKV + g) * G, 0], obar.index(PART), o_buf.slice(j * G, G))
         last = (c + n_steps - 1) % STAGES
         mbarrier.wait(vready.index(last), ((c + n_steps - 1) // STAGES) & 1)
         k = _turn(turn, k, PART, PINGPONG)
@@ -301,6 +333,22 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     ro = PART * WM + gl.arange(0, BLOCK_M, layout=row_o)
     to, ok_o = _row_tokens(ro, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
     head = g * G + ro % G
+    m_o = gl.convert_layout(m_i, row_o)
+    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse_ptr = LSE + to.to(gl.int64) * (HKV * G) + head
+    if RARE:  # merge with the rows' earlier state: both normalised, weighted by their sums exp(lse)
+        mbarrier.wait(obar.index(PART), n & 1)
+        earlier = q_smem.index(qb * 2 + PART).load(o_layout).to(gl.float32)
+        lse_e = gl.load(lse_ptr, mask=ok_o, other=float("-inf"))
+        top = gl.maximum(lse_e, lse)
+        top = gl.where(top == float("-inf"), 0.0, top)
+        w_e = gl.exp(lse_e - top)
+        w_n = gl.exp(lse - top)
+        tot = w_e + w_n
+        tot_safe = gl.where(tot > 0, tot, 1.0)
+        out = (earlier * (w_e / tot_safe)[:, None]) + out * (w_n / tot_safe)[:, None]
+        lse = gl.where(tot > 0, top + gl.log(tot_safe), float("-inf"))
+        gl.thread_barrier()  # every row read before the buffer takes the merged rows
     if OTMA:  # through this warpgroup's half of the item's Q buffer (its last read was the last score MMA)
         HALF: gl.constexpr = TQ // 2
         o_tile = q_smem.index(qb * 2 + PART)
@@ -322,24 +370,24 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
         do = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         gl.store(OUT + to.to(gl.int64)[:, None] * stride_ot + head[:, None] * stride_oh + do[None, :],
                  out.to(OUT.dtype.element_ty), mask=ok_o[:, None])
-    m_o = gl.convert_layout(m_i, row_o)
-    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
-    gl.store(LSE + to.to(gl.int64) * (HKV * G) + head, lse, mask=ok_o)
+    gl.store(lse_ptr, lse, mask=ok_o)
     return c + n_steps, k
 
 
 @gluon.jit
 def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UNION, UPAGE,
-                       UMASK, UCOUNT, NEXT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                       qk_scale,
+                       UMASK, UCOUNT, ITEM_G, NEXT, n_items, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                       stride_uh, qk_scale,
                        HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, BLOCK_M: gl.constexpr, D: gl.constexpr,
                        B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
                        QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr, DYNAMIC: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                       RARE: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """Launched with 4 warps: the default partition is consumer 0; the workers consumer 1 (4 warps) and
     the producer (1 warp). The producer picks the program's (tile, KV head) items (``_producer``): one
     per program when the grid covers them all, else persistent (``DYNAMIC``: from a global counter).
-    ``NEXT``: the counter, zero at launch; ``OTMA`` (with ``QTMA``): out stored by TMA through ``ODESC``."""
+    ``NEXT``: the counter, zero at launch; ``OTMA`` (with ``QTMA``): out stored by TMA through ``ODESC``;
+    ``RARE`` (with ``QTMA`` and ``OTMA``): a round of rare items (``launch_gluon_rare``), ``n_items`` the
+    pointer to the round's first and end item."""
     WM: gl.constexpr = BLOCK_M // 2
     NQ: gl.constexpr = 4 if QTMA else 2  # (Q buffers x) warpgroups
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
@@ -354,6 +402,7 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
     qfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     meta = gl.allocate_shared_memory(gl.int32, [2, _META], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    obar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(vready.index(i), count=1)
@@ -363,19 +412,53 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
         mbarrier.init(qready.index(i), count=1)
         mbarrier.init(qfree.index(i), count=2)
         mbarrier.init(turn.index(i), count=1)
+        mbarrier.init(obar.index(i), count=1)
     if PINGPONG:
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     gl.warp_specialize([
         (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
-                     vready, kfree, vfree, turn, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                     qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG)),
+                     vready, kfree, vfree, turn, obar, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                     stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
+                     RARE)),
         (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
-                     vready, kfree, vfree, turn, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                     qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG)),
+                     vready, kfree, vfree, turn, obar, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+                     stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
+                     RARE)),
         (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree,
-                     CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT, n_items, stride_ut, stride_uh, HKV,
-                     G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC)),
+                     CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut,
+                     stride_uh, HKV, G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC, RARE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def _descriptors(q, k_cache, v_cache, out, group: int, tile_q: int, block_n: int, stages: int, q_tma: bool,
+                 o_tma: bool):
+    """The K / V (and, where they run, Q / out) tensor descriptors of a launch, Q by TMA and out by
+    TMA as they can run: Q by TMA takes a second Q buffer, so where that does not fit in shared memory
+    (or ``q`` is not contiguous, or the group is not 8 or 16 heads) the consumers load Q; out by TMA
+    needs Q by TMA and a contiguous ``out``. Too little shared memory for K / V is a ValueError."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = q.shape[-1]
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
+    kdesc = TensorDescriptor.from_tensor(k_cache.view(-1, d), [block_n, d], layout)
+    vdesc = TensorDescriptor.from_tensor(v_cache.view(-1, d), [block_n, d], layout)
+    esize = q.element_size()
+    kv_bytes = 2 * stages * block_n * d * esize
+    if kv_bytes + tile_q * group * d * esize > _SMEM_BYTES:
+        raise ValueError(f"msa_prefill_attention: kernel='gluon' with {stages} stages of {block_n} keys needs "
+                         f"{kv_bytes + tile_q * group * d * esize} bytes of shared memory, more than the "
+                         f"{_SMEM_BYTES} an H100 / H200 block has; use fewer stages or a smaller block_n")
+    q_tma = (q_tma and group in (8, 16) and q.is_contiguous()
+             and kv_bytes + 2 * tile_q * group * d * esize <= _SMEM_BYTES)
+    o_tma = o_tma and q_tma and out.is_contiguous()
+    qdesc = odesc = kdesc  # unused unless q_tma / o_tma
+    box = gl.NVMMASharedLayout.get_default_for([group, d], dtype)
+    if q_tma:
+        qdesc = TensorDescriptor.from_tensor(q.view(-1, d), [group, d], box)
+    if o_tma:
+        odesc = TensorDescriptor.from_tensor(out.view(-1, d), [group, d], box)
+    return qdesc, kdesc, vdesc, odesc, q_tma, o_tma
 
 
 def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, union,
@@ -390,40 +473,48 @@ def launch_gluon_tile(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     ``pingpong``: the consumers take turns to issue MMAs; ``o_tma`` (with Q by TMA and a contiguous
     ``out``): each warpgroup stores its output by TMA through its half of the item's Q buffer.
     The caller checked the limits (``launch.py``)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from kernels.sparse_prefill.launch import persistent_programs
 
-    t, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
-    kdesc = TensorDescriptor.from_tensor(k_cache.view(-1, d), [block_n, d], layout)
-    vdesc = TensorDescriptor.from_tensor(v_cache.view(-1, d), [block_n, d], layout)
-    esize = q.element_size()
-    kv_bytes = 2 * stages * block_n * d * esize
-    if kv_bytes + tile_q * group * d * esize > _SMEM_BYTES:
-        raise ValueError(f"msa_prefill_attention: kernel='gluon' with {stages} stages of {block_n} keys needs "
-                         f"{kv_bytes + tile_q * group * d * esize} bytes of shared memory, more than the "
-                         f"{_SMEM_BYTES} an H100 / H200 block has; use fewer stages or a smaller block_n")
-    # Q by TMA takes a second Q buffer: where that does not fit, the consumers load Q
-    q_tma = (q_tma and group in (8, 16) and q.is_contiguous()
-             and kv_bytes + 2 * tile_q * group * d * esize <= _SMEM_BYTES)
-    qdesc = odesc = kdesc  # unused unless q_tma / o_tma
-    o_tma = o_tma and q_tma and out.is_contiguous()
-    box = gl.NVMMASharedLayout.get_default_for([group, d], dtype)
-    if q_tma:
-        qdesc = TensorDescriptor.from_tensor(q.view(-1, d), [group, d], box)
-    if o_tma:
-        odesc = TensorDescriptor.from_tensor(out.view(-1, d), [group, d], box)
+    d = q.shape[-1]
+    qdesc, kdesc, vdesc, odesc, q_tma, o_tma = _descriptors(q, k_cache, v_cache, out, group, tile_q, block_n, stages,
+                                                            q_tma, o_tma)
     tokmap = union.tokmap if union.tokmap is not None else union.count
     n_items = tile_req.shape[0] * hkv
     grid = persistent_programs(q.device, 1, n_items) if persistent else n_items
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     _gluon_tile_kernel[(grid,)](
         q, qdesc, kdesc, vdesc, odesc, out, lse, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, tokmap, union.union,
-        union.pages, union.token_mask, union.count, counter, n_items, q.stride(0), q.stride(1), out.stride(0),
-        out.stride(1), union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group, TQ=tile_q,
-        BLOCK_M=tile_q * group, D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None,
-        QTMA=q_tma, OTMA=o_tma, PINGPONG=pingpong, DYNAMIC=dynamic and persistent, CONSUMER_REGS=consumer_regs,
-        PRODUCER_REGS=producer_regs, num_warps=4)
+        union.pages, union.token_mask, union.count, union.count, counter, n_items, q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1), union.union.stride(0), union.union.stride(1), qk_scale, HKV=hkv, G=group,
+        TQ=tile_q, BLOCK_M=tile_q * group, D=d, B=block, BN=block_n, STAGES=stages, GROUPED=union.tokmap is not None,
+        QTMA=q_tma, OTMA=o_tma, PINGPONG=pingpong, DYNAMIC=dynamic and persistent, RARE=False,
+        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4)
+
+
+def launch_gluon_rare(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items, qk_scale: float, group: int,
+                      tile_q: int, block_n: int = 128, stages: int = 2) -> None:
+    """Merge the rare pairs bucketed in ``items`` (``rare_items.RareItems``) into ``out`` / ``lse``: one
+    persistent launch per round (a token is in at most one item of a round, so no two programs merge
+    into the same rows at once); each item is one block for up to ``tile_q`` tokens, its K / V read
+    once for all of them. Needs Q and out by TMA (contiguous ``q`` and ``out``, groups of 8 or 16 heads):
+    else a ValueError (the caller picks the per-token pass instead)."""
+    from kernels.sparse_prefill.launch import persistent_programs
+
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    d = q.shape[-1]
+    qdesc, kdesc, vdesc, odesc, q_tma, o_tma = _descriptors(q, k_cache, v_cache, out, group, tile_q, block_n, stages,
+                                                            True, True)
+    if not o_tma:
+        raise ValueError("msa_prefill_attention: rare_pass='items' needs contiguous q and out, a group of 8 or 16 "
+                         "heads and room for two Q buffers; use rare_pass='token'")
+    rounds = items.round_start.shape[0] - 1
+    grid = persistent_programs(q.device, 1, items.tok.shape[0])
+    counters = torch.zeros(rounds, dtype=torch.int32, device=q.device)
+    for r in range(rounds):
+        _gluon_tile_kernel[(grid,)](
+            q, qdesc, kdesc, vdesc, odesc, out, lse, cu_seqlens_q, seq_lens_kv, items.req, items.req, items.tok,
+            items.blk, items.page, items.req, items.req, items.g, counters[r:], items.round_start[r:], q.stride(0),
+            q.stride(1), out.stride(0), out.stride(1), 1, 0, qk_scale, HKV=hkv, G=group, TQ=tile_q,
+            BLOCK_M=tile_q * group, D=d, B=block, BN=block_n, STAGES=stages, GROUPED=True, QTMA=True, OTMA=True,
+            PINGPONG=False, DYNAMIC=True, RARE=True, CONSUMER_REGS=232, PRODUCER_REGS=40, num_warps=4)

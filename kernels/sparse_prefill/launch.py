@@ -60,8 +60,12 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
         if value and (block % value or value < 16):
             raise ValueError(f"msa_prefill_attention: {name} must divide the block size {block} and be >= 16, "
                              f"got {value}")
-    if cfg.rare_pass not in ("token", "window", "tail"):
-        raise ValueError(f"msa_prefill_attention: rare_pass must be 'token', 'window' or 'tail', got {cfg.rare_pass!r}")
+    if cfg.rare_pass not in ("token", "window", "tail", "items"):
+        raise ValueError(f"msa_prefill_attention: rare_pass must be 'token', 'window', 'tail' or 'items', "
+                         f"got {cfg.rare_pass!r}")
+    if cfg.rare_pass == "items" and cfg.kernel != "gluon":
+        raise ValueError("msa_prefill_attention: rare_pass='items' runs in the Gluon tile kernel (kernel='gluon', "
+                         "Hopper); use rare_pass='token'")
     if cfg.rare_pass == "tail" and cfg.head_split != 1:
         raise ValueError(f"msa_prefill_attention: rare_pass='tail' needs head_split=1, got {cfg.head_split}")
     if cfg.kernel not in ("triton", "gluon"):
@@ -107,6 +111,9 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
                       num_stages=cfg.rare_stages, flag=flag, rare_ids=union.rare_ids)
     elif tail:
         pass  # the tile kernel added the rare blocks itself
+    elif union.rare_ids is not None and cfg.rare_pass == "items":
+        launch_rare_items(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse, scale,
+                          cfg)
     elif union.rare_ids is not None and cfg.rare_pass == "window":
         _launch_rare_window(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse,
                             scale, cfg)
@@ -157,6 +164,19 @@ def launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv
     _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale, merge=True,
                   num_stages=cfg.rare_stages, num_warps=cfg.rare_warps or (2 if block_m >= 128 else 4),
                   block_n=cfg.rare_block_n)
+
+
+def launch_rare_items(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,
+                      cfg: TileConfig):
+    """The rare pairs bucketed into items of up to ``tile_q`` tokens that share a block
+    (``rare_items.py``), merged by the Gluon kernel's rare mode, one launch per round."""
+    from kernels.sparse_prefill.gluon_tile import launch_gluon_rare
+    from kernels.sparse_prefill.rare_items import build_rare_items
+
+    group = q.shape[1] // k_cache.shape[1]
+    items = build_rare_items(rare_ids, page_table, cu_seqlens_q, cfg.tile_q)
+    launch_gluon_rare(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items, scale * _LOG2E, group,
+                      cfg.tile_q, cfg.block_n or k_cache.shape[2], cfg.num_stages)
 
 
 def _kv_descriptors(k_cache, v_cache, rows: int, hopper: bool):

@@ -41,6 +41,8 @@ def _indexer_ids(case, topk):
     TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, persistent, dynamic hand-off, Q by TMA
     TileConfig(kernel="gluon", dynamic=False),  # persistent, every SM-th item
     TileConfig(kernel="gluon", group=False),  # tiles of consecutive tokens: out by TMA skips slots past a request
+    TileConfig(kernel="gluon", rare_pass="items"),  # rare pairs in items that share K / V, merged round by round
+    TileConfig(kernel="gluon", rare_pass="items", rare_max=3, group=False),  # more rounds, consecutive tiles
     TileConfig(kernel="gluon", persistent=False, q_tma=False),  # one program per item, Q by the consumers
     TileConfig(kernel="gluon", block_n=64, num_stages=3),
     TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),  # no room for two Q buffers
@@ -57,6 +59,8 @@ def _indexer_ids(case, topk):
 def test_gluon_tile_matches_reference(paged_case, cfg, q_lens, kv_lens, hkv, group, d, block, topk, tile_q):
     if cfg.block_n and block % cfg.block_n:
         pytest.skip("block_n must divide the block")
+    if cfg.rare_pass == "items" and group not in (8, 16):
+        pytest.skip("the items pass needs Q by TMA (groups of 8 or 16 heads): a ValueError, tested below")
     case = paged_case(q_lens, kv_lens, hkv=hkv, group=group, d=d, block=block, d_idx=d, dtype=torch.bfloat16,
                       device="cuda", seed=group + topk)
     ids = _indexer_ids(case, topk)
@@ -125,3 +129,12 @@ def test_gluon_tile_limits_are_value_errors(paged_case, cfg, match):
                                                 case["cu_seqlens_q"], case["seq_lens_kv"], 4)
     with pytest.raises(ValueError, match=match):
         _run(case, ids, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
+def test_gluon_rare_items_need_q_by_tma(paged_case):
+    case = paged_case([90], [400], hkv=1, group=4, d=128, block=128, d_idx=128, device="cuda", seed=3)
+    ids = _indexer_ids(case, 4)
+    with pytest.raises(ValueError, match="rare_pass='items' needs contiguous q and out, a group of 8 or 16"):
+        _run(case, ids, TileConfig(kernel="gluon", tile_q=32, rare_max=8, rare_pass="items"))

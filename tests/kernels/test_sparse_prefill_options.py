@@ -165,6 +165,14 @@ def test_rare_pass_must_be_known(paged_case):
                               tile_config=TileConfig(rare_pass="pairs"))
 
 
+def test_items_rare_pass_needs_the_gluon_kernel(paged_case):
+    case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
+    with pytest.raises(ValueError, match="rare_pass='items' runs in the Gluon tile kernel"):
+        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
+                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
+                              tile_config=TileConfig(kernel="triton", rare_max=1, rare_pass="items"))
+
+
 def test_tail_rare_pass_needs_whole_groups(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="rare_pass='tail' needs head_split=1"):
