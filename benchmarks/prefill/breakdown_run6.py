@@ -59,6 +59,7 @@ RUN9 = {k: v.resolved(16, 128, sm90=True) for k, v in {
     "items pass, rare_max 2": TileConfig(kernel="gluon", rare_pass="items", rare_max=2),
     "items pass, rare_max 3": TileConfig(kernel="gluon", rare_pass="items", rare_max=3),
 }.items()}
+RUN9_ITEMS = {k: v for k, v in RUN9.items() if "items" in k}
 
 
 def main() -> None:
@@ -66,10 +67,10 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sizes", default="65536,131072")
     ap.add_argument("--dry-cpu", action="store_true")
-    ap.add_argument("--set", default="run6", choices=("run6", "run7", "run8", "run9"))
+    ap.add_argument("--set", default="run6", choices=("run6", "run7", "run8", "run9", "run9_items"))
     ap.add_argument("--selections", default="real,shared")
     args = ap.parse_args()
-    configs = dict(run6=RUN6, run7=RUN7, run8=RUN8, run9=RUN9)[args.set]
+    configs = dict(run6=RUN6, run7=RUN7, run8=RUN8, run9=RUN9, run9_items=RUN9_ITEMS)[args.set]
     peak, info = run_info()
     rows = []
 

@@ -116,6 +116,12 @@ VARIANT_SETS = {  # --set: label -> TileConfig (M3: G = 16, 8-token tiles = 128 
             ("gluon persistent", TileConfig(kernel="gluon", persistent=True)),
             ("gluon persistent, 3 stages", TileConfig(kernel="gluon", persistent=True, num_stages=3)))},
     },
+    "run9": {  # run 9: the rare pairs bucketed into items that share K / V (rare_pass "items"), rare_max 1 / 2
+        **{f"{name}{sfx}": cfg for sfx in ("", " (round 2)") for name, cfg in (
+            ("run-8 default (token pass, rare_max 1)", TileConfig(kernel="gluon", rare_pass="token", rare_max=1)),
+            ("items pass, rare_max 1", TileConfig(kernel="gluon", rare_pass="items", rare_max=1)),
+            ("items pass, rare_max 2", TileConfig(kernel="gluon", rare_pass="items", rare_max=2)))},
+    },
     "words": {  # run 6, sweep 5: fewer hash words (a cheaper regrouping, coarser similarity)
         "regrouped tiles, 8 hash words": TileConfig(group=True, group_words=8),
         "regrouped tiles, 4 hash words": TileConfig(group=True, group_words=4),

@@ -43,8 +43,9 @@ _META = gl.constexpr(8)  # ints per item slot: item, request, first token, q_beg
 
 
 @gluon.jit
-def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree, CUQ,
-              SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut, stride_uh,
+def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready, vready, kfree,
+              vfree, oready, ofree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items,
+              stride_ut, stride_uh,
               HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr, DYNAMIC: gl.constexpr,
               RARE: gl.constexpr):
@@ -60,7 +61,9 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, 
     zero-filled) into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
     every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items.
     ``RARE`` (``rare_items.py``): the items are ``n_items[0] .. n_items[1]`` of a round of rare items,
-    each one block (``UPAGE[item]``) of KV head ``ITEM_G[item]`` for the tokens ``TOKMAP[item]``."""
+    each one block (``UPAGE[item]``) of KV head ``ITEM_G[item]`` for the tokens ``TOKMAP[item]``; the
+    rows' earlier output comes too (``o_smem``, one buffer: barriers ``oready`` / ``ofree``), so it is
+    there when the consumers merge."""
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
     meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
@@ -121,6 +124,13 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, 
                 mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
                 _tma_load(VDESC, [row, 0], vready.index(s), v_smem.index(s))
                 c += 1
+        if RARE:  # after its K / V: the earlier output of the item's rows, once the previous item's is merged
+            mbarrier.wait(ofree.index(0), (n & 1) ^ 1)
+            mbarrier.expect(oready.index(0), TQ * ODESC.block_type.nbytes)
+            for j in gl.static_range(TQ):
+                tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + j)
+                _tma_load(ODESC, [(tok * HKV + g) * G, 0], oready.index(0),
+                          o_smem.index(j // HALF).slice((j % HALF) * G, G))
         n += 1
         if DYNAMIC:
             item = first + gl.atomic_add(NEXT, 1) + gl.num_programs(0)
@@ -193,8 +203,8 @@ def _slot(meta, qb, i: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready,
-              kfree, vfree, turn, obar, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready,
+              vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
               PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr,
               D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
               QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr, RARE: gl.constexpr):
@@ -208,8 +218,9 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
     while item >= 0:
         qb = n % 2
         if _slot(meta, qb, 1) >= 0:
-            c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready,
-                                  vready, kfree, vfree, turn, obar, item, c, qb, k, n, stride_qt, stride_qh,
+            c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta,
+                                  kready, vready, kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt,
+                                  stride_qh,
                                   stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B,
                                   BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG, RARE)
         mbarrier.arrive(qfree.index(qb))
@@ -219,8 +230,8 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
 
 
 @gluon.jit
-def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready, vready, kfree,
-                   vfree, turn, obar, item, c, qb, k, n, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, kready, vready,
+                   kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
                    stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
                    WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                    GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr,
@@ -228,9 +239,8 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
     item's steps in the ring, ``qb`` is its Q buffer (``QTMA``: filled, the caller waited), ``k`` its
     ping-pong turns, ``n`` the items before it; returns ``c`` and ``k`` after it. ``RARE``: the item's
-    result is merged into the ``OUT`` / ``LSE`` already there (the rows' earlier blocks): the earlier
-    output comes by TMA into this warpgroup's half of the Q buffer (barrier ``obar[PART]``) while the
-    last P V runs.
+    result is merged into the ``OUT`` / ``LSE`` already there (the rows' earlier blocks), whose output
+    the producer copied into ``o_smem`` (this warpgroup's half).
 
     Step 0's scores and softmax come first; then each step issues its score MMA and the previous
     step's P V MMA together and runs its softmax while P V is still on the tensor cores. ``PINGPONG``:
@@ -311,13 +321,6 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(vfree.index(prev))
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        if RARE:  # every score MMA is done: the Q half takes the rows' earlier output
-            HALF0: gl.constexpr = TQ // 2
-            o_buf = q_smem.index(qb * 2 + PART)
-            mbarrier.expect(obar.index(PART), HALF0 * ODESC.block_type.nbytes)
-            for j in gl.static_range(HALF0):
-                tok_j = gl.load(TOKMAP + item.to(gl.int64) * TQ + PART * HALF0 + j)  # -1: zero-filled box
-                _tma_load(ODESC, [(tok_j * HKV + g) * G, 0], obar.index(PART), o_buf.slice(j * G, G))
         last = (c + n_steps - 1) % STAGES
         mbarrier.wait(vready.index(last), ((c + n_steps - 1) // STAGES) & 1)
         k = _turn(turn, k, PART, PINGPONG)
@@ -337,9 +340,10 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     lse_ptr = LSE + to.to(gl.int64) * (HKV * G) + head
     if RARE:  # merge with the rows' earlier state: both normalised, weighted by their sums exp(lse)
-        mbarrier.wait(obar.index(PART), n & 1)
-        earlier = q_smem.index(qb * 2 + PART).load(o_layout).to(gl.float32)
         lse_e = gl.load(lse_ptr, mask=ok_o, other=float("-inf"))
+        mbarrier.wait(oready.index(0), n & 1)
+        earlier = o_smem.index(PART).load(o_layout).to(gl.float32)
+        mbarrier.arrive(ofree.index(0))  # (after a barrier of the warpgroup: every row read)
         top = gl.maximum(lse_e, lse)
         top = gl.where(top == float("-inf"), 0.0, top)
         w_e = gl.exp(lse_e - top)
@@ -348,7 +352,6 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
         tot_safe = gl.where(tot > 0, tot, 1.0)
         out = (earlier * (w_e / tot_safe)[:, None]) + out * (w_n / tot_safe)[:, None]
         lse = gl.where(tot > 0, top + gl.log(tot_safe), float("-inf"))
-        gl.thread_barrier()  # every row read before the buffer takes the merged rows
     if OTMA:  # through this warpgroup's half of the item's Q buffer (its last read was the last score MMA)
         HALF: gl.constexpr = TQ // 2
         o_tile = q_smem.index(qb * 2 + PART)
@@ -402,7 +405,14 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
     qfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     meta = gl.allocate_shared_memory(gl.int32, [2, _META], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    obar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    oready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ofree = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    if RARE:  # the earlier output of the item's rows, one buffer
+        o_smem = gl.allocate_shared_memory(KDESC.dtype, [2, WM, D], q_layout)
+    else:
+        o_smem = q_smem
+    mbarrier.init(oready.index(0), count=1)
+    mbarrier.init(ofree.index(0), count=2)
     for i in gl.static_range(STAGES):
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(vready.index(i), count=1)
@@ -412,20 +422,19 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
         mbarrier.init(qready.index(i), count=1)
         mbarrier.init(qfree.index(i), count=2)
         mbarrier.init(turn.index(i), count=1)
-        mbarrier.init(obar.index(i), count=1)
     if PINGPONG:
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     gl.warp_specialize([
-        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
-                     vready, kfree, vfree, turn, obar, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
-                     stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
+        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree,
+                     kready, vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh,
+                     stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
                      RARE)),
-        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
-                     vready, kfree, vfree, turn, obar, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
-                     stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
+        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree,
+                     kready, vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh,
+                     stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
                      RARE)),
-        (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree,
-                     CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut,
+        (_producer, (QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready, vready,
+                     kfree, vfree, oready, ofree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut,
                      stride_uh, HKV, G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC, RARE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -508,6 +517,11 @@ def launch_gluon_rare(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     if not o_tma:
         raise ValueError("msa_prefill_attention: rare_pass='items' needs contiguous q and out, a group of 8 or 16 "
                          "heads and room for two Q buffers; use rare_pass='token'")
+    need = (2 * stages * block_n + 3 * tile_q * group) * d * q.element_size()  # K / V ring, 2 Q buffers, 1 out
+    if need > _SMEM_BYTES:
+        raise ValueError(f"msa_prefill_attention: rare_pass='items' with {stages} stages of {block_n} keys needs "
+                         f"{need} bytes of shared memory, more than the {_SMEM_BYTES} an H100 / H200 block has; "
+                         f"use fewer stages or a smaller block_n")
     rounds = items.round_start.shape[0] - 1
     grid = persistent_programs(q.device, 1, items.tok.shape[0])
     counters = torch.zeros(rounds, dtype=torch.int32, device=q.device)
