@@ -65,7 +65,10 @@ class TileConfig:
     pingpong: its two consumer warpgroups take turns to issue their MMAs (run 8: no faster, opt-in);
     rare_pass "items" (Gluon kernel only): the rare pairs bucketed by (round, KV head, request,
     block) into items of up to ``tile_q`` tokens (``rare_items.py``), each item's K / V read once for
-    its tokens by the Gluon kernel's rare mode, which merges into the output (one launch per round).
+    its tokens by the Gluon kernel's rare mode, which merges into the output (one launch per round);
+    ``None``: "items" with the Gluon kernel where it runs (groups of 8 or 16 heads, Q by TMA, contiguous
+    q and out; then rare_max 2 by default), else "token" (run 9: rare pass alone at 1M 34.4 -> 18.4 ms
+    at rare_max 1, 69.7 -> 41.1 at rare_max 2).
     Run 5 (RESULTS.md) measured the softmax and split options; only ``exp_fma``
     was not slower, so it is the one on by default.
     """
@@ -79,7 +82,7 @@ class TileConfig:
     exp_fma: bool = True  # run 5: 32.08 vs 32.24 ms at 128K, 15.12 vs 15.30 at 64K (about the noise)
     block_n: int | None = None
     maxnreg: int | None = None
-    rare_pass: str = "token"
+    rare_pass: str | None = None
     group: bool | None = None
     rare_list: bool = False
     group_words: int = 4  # run 6: regrouping 0.40 vs 0.60 ms at 64K (8 words), attention as fast
@@ -104,12 +107,15 @@ class TileConfig:
         wide = block_m >= 128  # the two-programs-per-SM defaults (run 6)
         gluon = kernel == "gluon"  # whole blocks per step, 2 stages (run 8)
         block_n = (0 if gluon else 64 if wide and block > 64 else 0) if self.block_n is None else self.block_n
-        return TileConfig(tile_q=tile_q, rare_max=default_rare_max(group) if self.rare_max is None else self.rare_max,
+        items = gluon and self.rare_pass is None and group in (8, 16) and self.q_tma  # run 9
+        rare_pass = "items" if items else (self.rare_pass or "token")
+        return TileConfig(tile_q=tile_q,
+                          rare_max=default_rare_max(group, rare_pass) if self.rare_max is None else self.rare_max,
                           head_split=self.head_split, num_warps=self.num_warps or (8 if wide else 4),
                           num_stages=self.num_stages or (2 if gluon else default_tile_stages(block_m)),
                           rare_stages=self.rare_stages, lazy=self.lazy, exp_fma=self.exp_fma,
                           block_n=block_n, maxnreg=(128 if wide else 0) if self.maxnreg is None else self.maxnreg,
-                          rare_pass=self.rare_pass, group=wide if self.group is None else self.group,
+                          rare_pass=rare_pass, group=wide if self.group is None else self.group,
                           group_words=self.group_words, group_window=self.group_window, rare_list=self.rare_list,
                           rare_chunk=self.rare_chunk or tile_q, rare_warps=self.rare_warps,
                           rare_block_n=(64 if wide and block > 64 else 0) if self.rare_block_n is None
@@ -151,14 +157,18 @@ def tile_block_m(tile_q: int, group: int, head_split: int = 1) -> int:
     return max(16, triton_next_pow2(tile_q * (group // head_split)))
 
 
-def default_rare_max(group: int) -> int:
-    """Blocks selected by at most this many tokens of a tile go to the per-token pass (0: none).
+def default_rare_max(group: int, rare_pass: str = "token") -> int:
+    """Blocks selected by at most this many tokens of a tile go to the rare pass (0: none).
 
-    1 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: the split made the run-4 kernel 7-9%
-    faster at 2; with run 6's faster tile loop 1 is 1-2% faster than 2, benchmarks/prefill/RESULTS.md);
-    small groups are not measured: off.
+    With the per-token pass, 1 for G >= 8 (measured on the H200, M3 shape, 8-token tiles: the split
+    made the run-4 kernel 7-9% faster at 2; with run 6's faster tile loop 1 is 1-2% faster than 2,
+    benchmarks/prefill/RESULTS.md); with the items pass, whose pairs share K / V, 2 (run 9: whole
+    attention 128K 20.8-21.1 -> 20.3-20.4 ms, 256K 43.6-44.0 -> 43.0-43.1 against rare_max 1); small
+    groups are not measured: off.
     """
-    return 1 if group >= 8 else 0
+    if group < 8:
+        return 0
+    return 2 if rare_pass == "items" else 1
 
 
 def default_tile_stages(block_m: int) -> int:

@@ -52,7 +52,7 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
     group = hq // hkv
     if config is None:
         config = TileConfig(tile_q=tile_q, rare_max=rare_max, num_warps=num_warps, num_stages=num_stages)
-    cfg = resolve_config(config, group, block, q, k_cache, v_cache, gated=flag is not None)
+    cfg = resolve_config(config, group, block, q, k_cache, v_cache, gated=flag is not None, out=out)
     tile_q = cfg.tile_q
     if group % cfg.head_split:
         raise ValueError(f"msa_prefill_attention: head_split must divide the group size {group}, got {cfg.head_split}")
@@ -125,15 +125,19 @@ def _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, top
                           cfg, block_m)
 
 
-def resolve_config(config: TileConfig, group: int, block: int, q, k_cache, v_cache, gated: bool) -> TileConfig:
+def resolve_config(config: TileConfig, group: int, block: int, q, k_cache, v_cache, gated: bool,
+                   out: torch.Tensor | None = None) -> TileConfig:
     """``config`` resolved for this launch: the Gluon tile kernel by default on sm_90 (``default_kernel``),
-    the Triton one for the gated no-sync launch and for non-contiguous caches; the regrouping's sizes
+    the Triton one for the gated no-sync launch and for non-contiguous caches; the items rare pass by
+    default with the Gluon kernel unless ``q`` or ``out`` is not contiguous; the regrouping's sizes
     checked (before any kernel runs)."""
     for name, value in (("group_words", config.group_words), ("group_window", config.group_window)):
         if value < 1 or value & (value - 1):
             raise ValueError(f"msa_prefill_attention: {name} must be a power of two, got {value}")
     if config.kernel is None and (gated or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
         config = dataclasses.replace(config, kernel="triton")
+    if config.rare_pass is None and not (q.is_contiguous() and (out is None or out.is_contiguous())):
+        config = dataclasses.replace(config, rare_pass="token")
     return config.resolved(group, block, sm90=sm_major(q.device) == 9)
 
 
@@ -153,8 +157,8 @@ def _check_gluon(cfg: TileConfig, q: torch.Tensor, contiguous: bool, block_m: in
         raise ValueError("msa_prefill_attention: kernel='gluon' needs contiguous k_cache and v_cache ([pages, Hkv, "
                          "B, d] in that order: TMA); pass .contiguous() caches or use kernel='triton'")
     if flag is not None or cfg.rare_pass == "tail":
-        raise ValueError("msa_prefill_attention: kernel='gluon' runs with the 'token' or 'window' rare pass and "
-                         "design='tile'; use kernel='triton' for design='auto_device' or rare_pass='tail'")
+        raise ValueError("msa_prefill_attention: kernel='gluon' runs with the 'items', 'token' or 'window' rare "
+                         "pass and design='tile'; use kernel='triton' for design='auto_device' or rare_pass='tail'")
 
 
 def launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,

@@ -113,7 +113,7 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     cfg = tile_config or TileConfig()
     cfg = resolve_config(replace(cfg, tile_q=cfg.tile_q or tile_q,
                                  rare_max=rare_max if cfg.rare_max is None else cfg.rare_max),
-                         group, k_cache.shape[2], q, k_cache, v_cache, gated=design == "auto_device")
+                         group, k_cache.shape[2], q, k_cache, v_cache, gated=design == "auto_device", out=out)
     tile_q, rare_max = cfg.tile_q, int(cfg.rare_max)
     if tile_q not in TILE_Q_CHOICES:
         raise ValueError(f"{OP}: tile_q must be one of {TILE_Q_CHOICES}, got {tile_q}")

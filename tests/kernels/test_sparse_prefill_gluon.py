@@ -38,10 +38,10 @@ def _indexer_ids(case, topk):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
 @pytest.mark.parametrize("cfg", [
-    TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, persistent, dynamic hand-off, Q by TMA
+    TileConfig(kernel="gluon"),  # whole-block steps, 2 stages, persistent, dynamic hand-off, Q by TMA, items pass
     TileConfig(kernel="gluon", dynamic=False),  # persistent, every SM-th item
     TileConfig(kernel="gluon", group=False),  # tiles of consecutive tokens: out by TMA skips slots past a request
-    TileConfig(kernel="gluon", rare_pass="items"),  # rare pairs in items that share K / V, merged round by round
+    TileConfig(kernel="gluon", rare_pass="token"),  # rare pairs per token (the run-8 default)
     TileConfig(kernel="gluon", rare_pass="items", rare_max=3, group=False),  # more rounds, consecutive tiles
     TileConfig(kernel="gluon", persistent=False, q_tma=False),  # one program per item, Q by the consumers
     TileConfig(kernel="gluon", block_n=64, num_stages=3),
