@@ -75,8 +75,10 @@ def test_gluon_tile_equals_triton_tile_kernel(paged_case):
     # the same unions through both tile kernels: the same math, so bf16-rounding close
     case = paged_case([2000], [9000], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=5)
     ids = _indexer_ids(case, 16)
-    out_t, lse_t = _run(case, ids, TileConfig(kernel="triton"))
-    out_g, lse_g = _run(case, ids, TileConfig(kernel="gluon"))
+    # (the same rare split and pass: the Gluon default's items pass at rare_max 2 rounds its merges
+    # differently; it is checked against the reference above)
+    out_t, lse_t = _run(case, ids, TileConfig(kernel="triton", rare_max=1, rare_pass="token"))
+    out_g, lse_g = _run(case, ids, TileConfig(kernel="gluon", rare_max=1, rare_pass="token"))
     assert (out_g.float() - out_t.float()).norm() / out_t.float().norm() < 4e-3
     torch.testing.assert_close(lse_g, lse_t, atol=1e-4, rtol=1e-4)
 
