@@ -288,6 +288,9 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     tok, row_ok = _row_tokens(rows, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
     pos_min = gl.min(gl.where(row_ok, pos, 2147483647), axis=0)
+    if RARE:  # the rows' earlier LSE, loaded now so that its latency hides behind the item's MMAs
+        lse_early = gl.load(LSE + tok.to(gl.int64) * (HKV * G) + g * G + rows % G, mask=row_ok,
+                            other=float("-inf"))
     row_bit = rows // G
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
 
@@ -340,7 +343,7 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     lse_ptr = LSE + to.to(gl.int64) * (HKV * G) + head
     if RARE:  # merge with the rows' earlier state: both normalised, weighted by their sums exp(lse)
-        lse_e = gl.load(lse_ptr, mask=ok_o, other=float("-inf"))
+        lse_e = gl.convert_layout(lse_early, row_o)
         mbarrier.wait(oready.index(0), n & 1)
         earlier = o_smem.index(PART).load(o_layout).to(gl.float32)
         mbarrier.arrive(ofree.index(0))  # (after a barrier of the warpgroup: every row read)
