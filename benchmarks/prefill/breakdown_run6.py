@@ -107,7 +107,8 @@ def main() -> None:
                 t_tile = timed(lambda: _launch_tile(*att, ids, out, lse, scale, 8, tiles=tiles, union=tile_only,
                                                     config=cfg), 5)
                 if cfg.rare_pass == "items":
-                    t_rare = timed(lambda: launch_rare_items(*att, u.rare_ids, out, lse, scale, cfg), 5) if n_rare else 0.0
+                    t_rare = (timed(lambda: launch_rare_items(*att, u.rare_ids, out, lse, scale, cfg), 5) if n_rare
+                              else 0.0)
                     t_bucket = timed(lambda: build_rare_items(u.rare_ids, x["page_table"], x["cu_seqlens_q"], 8), 5)
                 else:
                     t_rare = timed(lambda: launch_rare_merge(*att, u.rare_ids, out, lse, scale, cfg, 128),

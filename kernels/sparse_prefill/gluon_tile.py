@@ -20,6 +20,9 @@ What Triton's automatic pipeline cannot express, and why this kernel exists (RES
   on (FlashAttention-3's intra-warpgroup overlap): the softmax of one step runs while the tensor
   cores do the other step's ``P V``.
 
+The same kernel has a **rare mode** (``RARE``, ``launch_gluon_rare``): each item is one block for up to
+``TQ`` tokens that chose it (``rare_items.py``), and the result is merged into the output already there.
+
 Hopper only (sm_90: wgmma, TMA, mbarriers); no CPU interpreter runs Gluon, so its tests are the
 GPU-marked ones against the fp32 reference. The launcher is ``launch_gluon_tile``; the tile design's
 launch (``launch.py``) picks this kernel or the Triton one (``TileConfig.kernel``).
@@ -204,7 +207,8 @@ def _slot(meta, qb, i: gl.constexpr):
 
 @gluon.jit
 def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready,
-              vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+              vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+              stride_uh, qk_scale,
               PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr,
               D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
               QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr, RARE: gl.constexpr):
@@ -220,9 +224,8 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
         if _slot(meta, qb, 1) >= 0:
             c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta,
                                   kready, vready, kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt,
-                                  stride_qh,
-                                  stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B,
-                                  BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG, RARE)
+                                  stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ,
+                                  WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG, RARE)
         mbarrier.arrive(qfree.index(qb))
         n += 1
         mbarrier.wait(qready.index(n % 2), (n // 2) & 1)
@@ -231,9 +234,10 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
 
 @gluon.jit
 def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, kready, vready,
-                   kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
-                   stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
-                   WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                   kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt, stride_qh, stride_ot, stride_oh,
+                   stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
+                   TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
+                   STAGES: gl.constexpr,
                    GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr,
                    RARE: gl.constexpr):
     """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
@@ -430,15 +434,15 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
     gl.warp_specialize([
         (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree,
                      kready, vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh,
-                     stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
-                     RARE)),
+                     stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA,
+                     PINGPONG, RARE)),
         (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree,
                      kready, vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh,
-                     stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG,
-                     RARE)),
+                     stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA,
+                     PINGPONG, RARE)),
         (_producer, (QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready, vready,
-                     kfree, vfree, oready, ofree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut,
-                     stride_uh, HKV, G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC, RARE)),
+                     kfree, vfree, oready, ofree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT,
+                     n_items, stride_ut, stride_uh, HKV, G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC, RARE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
