@@ -173,14 +173,16 @@ def launch_rare_merge(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv
 def launch_rare_items(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, rare_ids, out, lse, scale,
                       cfg: TileConfig):
     """The rare pairs bucketed into items of up to ``tile_q`` tokens that share a block
-    (``rare_items.py``), merged by the Gluon kernel's rare mode, one launch per round."""
+    (``rare_items.py``), merged by the Gluon kernel's rare mode, one launch per round. An item is one
+    block, so the rare mode always takes whole blocks in 2 stages (the run-9 measurements; it fits
+    the shared memory whatever the tile kernel's ``block_n`` / ``num_stages``)."""
     from kernels.sparse_prefill.gluon_tile import launch_gluon_rare
     from kernels.sparse_prefill.rare_items import build_rare_items
 
     group = q.shape[1] // k_cache.shape[1]
     items = build_rare_items(rare_ids, page_table, cu_seqlens_q, cfg.tile_q)
     launch_gluon_rare(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items, scale * _LOG2E, group,
-                      cfg.tile_q, cfg.block_n or k_cache.shape[2], cfg.num_stages)
+                      cfg.tile_q, k_cache.shape[2], 2)
 
 
 def _kv_descriptors(k_cache, v_cache, rows: int, hopper: bool):

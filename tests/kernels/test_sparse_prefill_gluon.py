@@ -44,7 +44,8 @@ def _indexer_ids(case, topk):
     TileConfig(kernel="gluon", rare_pass="token"),  # rare pairs per token (the run-8 default)
     TileConfig(kernel="gluon", rare_pass="items", rare_max=3, group=False),  # more rounds, consecutive tiles
     TileConfig(kernel="gluon", persistent=False, q_tma=False),  # one program per item, Q by the consumers
-    TileConfig(kernel="gluon", block_n=64, num_stages=3),
+    TileConfig(kernel="gluon", block_n=64, num_stages=3),  # (the items pass keeps whole blocks, 2 stages)
+    TileConfig(kernel="gluon", block_n=128, num_stages=3, q_tma=False),  # Q by the consumers: the token pass
     TileConfig(kernel="gluon", block_n=128, num_stages=3, group=False, rare_max=0),  # no room for two Q buffers
     TileConfig(kernel="gluon", block_n=64, num_stages=4, rare_max=2, rare_pass="window"),
     TileConfig(kernel="gluon", block_n=32, num_stages=2, rare_max=3),
