@@ -50,6 +50,9 @@ def build_rare_items(rare_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlen
     n_req, max_pages = page_table.shape
     dev = rare_ids.device
     n_buckets = topk * hkv * n_req * max_pages
+    if n_buckets >= 2 ** 31:  # the bucket index is int32
+        raise ValueError(f"msa_prefill_attention: rare_pass='items' buckets k x Hkv x requests x pages = {n_buckets} "
+                         f"ways, over int32; use rare_pass='token' or fewer requests per launch")
     tok_req = token_requests(cu_seqlens_q, t)
     count = torch.zeros(n_buckets, dtype=torch.int32, device=dev)
     bt = 64

@@ -55,3 +55,9 @@ def test_rare_items_without_pairs_are_empty():
     items = build_rare_items(rare.to(DEV), torch.zeros(1, 3, dtype=torch.int32, device=DEV),
                              torch.tensor([0, 10], dtype=torch.int32, device=DEV), 8)
     assert items.round_start.cpu().tolist() == [0] * 5
+
+
+def test_rare_items_too_many_buckets_is_a_value_error():
+    rare = torch.full((4, 8, 32), -1, dtype=torch.int32)  # 32 x 8 x 4096 x 2048 buckets > 2^31
+    with pytest.raises(ValueError, match="rare_pass='items' buckets .* over int32; use rare_pass='token'"):
+        build_rare_items(rare, torch.zeros(4096, 2048, dtype=torch.int32), torch.zeros(4097, dtype=torch.int32), 8)
