@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_prefill import DEV, SHAPES, run_info, timed  # noqa: E402
-from gluon_run8 import _before_launcher  # noqa: E402
+from gluon_run8 import before_module  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.sparse_prefill.gluon_tile import launch_gluon_tile  # noqa: E402
 from kernels.sparse_prefill.launch import persistent_programs  # noqa: E402
@@ -76,8 +76,9 @@ def main() -> None:
     sms = persistent_programs(torch.device(DEV), 1, 1 << 30)
     rows = []
     launchers = {"run 9": launch_gluon_tile}
-    if _before_launcher() is not None:  # the run-8 module in _before/ (not committed): timed beside
-        launchers["run 8"] = _before_launcher()
+    before = before_module()
+    if before is not None:  # the run-8 module in _before/ (not committed): timed beside
+        launchers["run 8"] = before.launch_gluon_tile
     cases = [(False, k, int(n)) for k in launchers for n in args.steps.split(",")]
     cases += [(True, "run 9", int(n)) for n in args.steps.split(",")]
     cases += [(False, v, int(n)) for v in extra for n in args.steps.split(",")]

@@ -7,7 +7,6 @@ With an earlier ``gluon_tile.py`` in ``benchmarks/prefill/_before/`` (not commit
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -18,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_prefill import SHAPES, make_inputs, run_info, timed  # noqa: E402
+from gluon_run8 import before_module  # noqa: E402
 from kernels._common.tiles import tile_table  # noqa: E402
 from kernels.indexer import msa_indexer  # noqa: E402
 from kernels.sparse_prefill.config import TileConfig  # noqa: E402
@@ -26,16 +26,6 @@ from kernels.sparse_prefill.launch import _launch_tile, launch_rare_merge, tile_
 from kernels.sparse_prefill.rare_items import build_rare_items  # noqa: E402
 
 _LOG2E = 1.4426950408889634
-
-
-def _before():
-    path = Path(__file__).parent / "_before" / "gluon_tile.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("gluon_tile_before", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.launch_gluon_rare
 
 
 def main() -> None:
@@ -48,7 +38,8 @@ def main() -> None:
     peak, info = run_info()
     shape = SHAPES["m3"]
     scale = 1 / math.sqrt(shape["d"])
-    before = _before()
+    before = before_module()
+    before = before.launch_gluon_rare if before is not None else None
     rows = []
     for t in [int(s) for s in args.sizes.split(",")]:
         x = make_inputs(t, shape, True)

@@ -61,7 +61,7 @@ def test_gluon_tile_matches_reference(paged_case, cfg, q_lens, kv_lens, hkv, gro
     if cfg.block_n and block % cfg.block_n:
         pytest.skip("block_n must divide the block")
     if cfg.rare_pass == "items" and group not in (8, 16):
-        pytest.skip("the items pass needs Q by TMA (groups of 8 or 16 heads): a ValueError, tested below")
+        pytest.skip("the items pass needs Q by TMA (groups of 8 or 16 heads): see the launch-limit test")
     case = paged_case(q_lens, kv_lens, hkv=hkv, group=group, d=d, block=block, d_idx=d, dtype=torch.bfloat16,
                       device="cuda", seed=group + topk)
     ids = _indexer_ids(case, topk)
@@ -86,11 +86,17 @@ def test_gluon_tile_equals_triton_tile_kernel(paged_case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
-def test_gluon_tile_shared_memory_overflow_is_a_value_error(paged_case):
-    case = paged_case([300], [300], hkv=1, group=16, d=128, block=128, d_idx=128, device="cuda", seed=2)
+@pytest.mark.parametrize("q_lens,kv_lens,group,seed,cfg,match", [
+    ([300], [300], 16, 2, TileConfig(kernel="gluon", block_n=128, num_stages=4), "fewer stages or a smaller block_n"),
+    # the items pass needs Q by TMA: not for a group of 4 heads
+    ([90], [400], 4, 3, TileConfig(kernel="gluon", tile_q=32, rare_max=8, rare_pass="items"),
+     "rare_pass='items' needs contiguous q and out, a group of 8 or 16"),
+])
+def test_gluon_launch_limits_are_value_errors(paged_case, q_lens, kv_lens, group, seed, cfg, match):
+    case = paged_case(q_lens, kv_lens, hkv=1, group=group, d=128, block=128, d_idx=128, device="cuda", seed=seed)
     ids = _indexer_ids(case, 4)
-    with pytest.raises(ValueError, match="fewer stages or a smaller block_n"):
-        _run(case, ids, TileConfig(kernel="gluon", block_n=128, num_stages=4))
+    with pytest.raises(ValueError, match=match):
+        _run(case, ids, cfg)
 
 
 @pytest.mark.gpu
@@ -132,12 +138,3 @@ def test_gluon_tile_limits_are_value_errors(paged_case, cfg, match):
                                                 case["cu_seqlens_q"], case["seq_lens_kv"], 4)
     with pytest.raises(ValueError, match=match):
         _run(case, ids, cfg)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU")
-def test_gluon_rare_items_need_q_by_tma(paged_case):
-    case = paged_case([90], [400], hkv=1, group=4, d=128, block=128, d_idx=128, device="cuda", seed=3)
-    ids = _indexer_ids(case, 4)
-    with pytest.raises(ValueError, match="rare_pass='items' needs contiguous q and out, a group of 8 or 16"):
-        _run(case, ids, TileConfig(kernel="gluon", tile_q=32, rare_max=8, rare_pass="items"))

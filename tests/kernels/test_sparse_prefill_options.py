@@ -21,6 +21,13 @@ def _ids(case, topk):
                                                  case["cu_seqlens_q"], case["seq_lens_kv"], topk)
 
 
+def _tile_call(case, cfg, k_cache=None):
+    """The op with the tile design and ``cfg`` on the case (``k_cache`` in place of the case's)."""
+    return msa_prefill_attention(case["q"], case["k_cache"] if k_cache is None else k_cache, case["v_cache"],
+                                 case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"], _ids(case, 4),
+                                 impl="triton", design="tile", tile_config=cfg)
+
+
 def _poisoned(case):
     return torch.full_like(case["q"], float("nan")), torch.full(case["q"].shape[:2], float("nan"), device=case["q"].device)
 
@@ -72,9 +79,7 @@ def test_tile_options_match_reference(paged_case, cfg, q_lens, kv_lens, hkv, gro
 def test_head_split_must_divide_the_group(paged_case):
     case = paged_case([10], [100], hkv=2, group=3, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="head_split must divide"):
-        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(head_split=2))
+        _tile_call(case, TileConfig(head_split=2))
 
 
 @pytest.mark.parametrize("rare_max,chunk", [(7, 8), (7, 2), (4, 8)])
@@ -160,52 +165,40 @@ def test_rare_sort_orders_pairs_by_block_then_token():
 def test_rare_pass_must_be_known(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="rare_pass must be"):
-        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(rare_pass="pairs"))
+        _tile_call(case, TileConfig(rare_pass="pairs"))
 
 
 def test_items_rare_pass_needs_the_gluon_kernel(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="rare_pass='items' runs in the Gluon tile kernel"):
-        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(kernel="triton", rare_max=1, rare_pass="items"))
+        _tile_call(case, TileConfig(kernel="triton", rare_max=1, rare_pass="items"))
 
 
 def test_tail_rare_pass_needs_whole_groups(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="rare_pass='tail' needs head_split=1"):
-        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(rare_max=1, rare_pass="tail", head_split=2))
+        _tile_call(case, TileConfig(rare_max=1, rare_pass="tail", head_split=2))
 
 
 def test_tma_needs_contiguous_caches(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     k = case["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, heads not outermost
     with pytest.raises(ValueError, match="tma=True needs contiguous k_cache"):
-        msa_prefill_attention(case["q"], k, case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(tma=True))
+        _tile_call(case, TileConfig(tma=True), k_cache=k)
 
 
 @pytest.mark.parametrize("field", ["group_words", "group_window"])
 def test_regrouping_sizes_must_be_powers_of_two(paged_case, field):
     case = paged_case([10], [100], hkv=2, group=16, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match=f"{field} must be a power of two"):
-        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(**{field: 12}))
+        _tile_call(case, TileConfig(**{field: 12}))
 
 
 @pytest.mark.parametrize("field", ["block_n", "rare_block_n"])
 def test_block_n_must_divide_the_block(paged_case, field):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match=f"{field} must divide"):
-        msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                              case["seq_lens_kv"], _ids(case, 4), impl="triton", design="tile",
-                              tile_config=TileConfig(**{field: 48}))
+        _tile_call(case, TileConfig(**{field: 48}))
 
 
 def test_device_flag_follows_prefer_tile():
