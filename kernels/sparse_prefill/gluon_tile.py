@@ -21,7 +21,8 @@ What Triton's automatic pipeline cannot express, and why this kernel exists (RES
   cores do the other step's ``P V``.
 
 The same kernel has a **rare mode** (``RARE``, ``launch_gluon_rare``): each item is one block for up to
-``TQ`` tokens that chose it (``rare_items.py``), and the result is merged into the output already there.
+``TQ`` tokens that chose it (``rare_items.py``), and the result is merged into the output already there;
+its consumers (``_consumer_rare``) pipeline consecutive items like the tile loop's steps (run 10).
 
 Hopper only (sm_90: wgmma, TMA, mbarriers); no CPU interpreter runs Gluon, so its tests are the
 GPU-marked ones against the fp32 reference. The launcher is ``launch_gluon_tile``; the tile design's
@@ -46,9 +47,8 @@ _META = gl.constexpr(8)  # ints per item slot: item, request, first token, q_beg
 
 
 @gluon.jit
-def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready, vready, kfree,
-              vfree, oready, ofree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items,
-              stride_ut, stride_uh,
+def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree, CUQ, SEQ,
+              TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT, n_items, stride_ut, stride_uh,
               HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
               STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr, DYNAMIC: gl.constexpr,
               RARE: gl.constexpr):
@@ -64,9 +64,10 @@ def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, 
     zero-filled) into Q buffer ``n % 2``, so the next item's Q arrives while the consumers finish this one. Then
     every step's K and V rows ``(page * HKV + g) * B + key``; ``c`` counts steps across items.
     ``RARE`` (``rare_items.py``): the items are ``n_items[0] .. n_items[1]`` of a round of rare items,
-    each one block (``UPAGE[item]``) of KV head ``ITEM_G[item]`` for the tokens ``TOKMAP[item]``; the
-    rows' earlier output comes too (``o_smem``, one buffer: barriers ``oready`` / ``ofree``), so it is
-    there when the consumers merge."""
+    each one block (``UPAGE[item]``) of KV head ``ITEM_G[item]`` for the tokens ``TOKMAP[item]``, in
+    ``NQB`` = 3 slots and Q buffers (``_consumer_rare`` keeps an item's Q buffer until its output is
+    stored through it, while the next two items' Q arrive)."""
+    NQB: gl.constexpr = 3 if RARE else 2
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
     meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
@@ -81,7 +82,7 @@ def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, 
         end = n_items
     item = first + gl.program_id(0)
     while item < end:
-        qb = n % 2
+        qb = n % NQB
         if RARE:
             tile = item
             g = gl.load(ITEM_G + item)
@@ -96,7 +97,7 @@ def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, 
         info = gl.where(idx == 0, item, gl.where(idx == 1, req, gl.where(idx == 2, t0, gl.where(
             idx == 3, gl.load(CUQ + rq), gl.where(idx == 4, gl.load(CUQ + rq + 1), gl.where(
                 idx == 5, gl.load(SEQ + rq), gl.where(idx == 6, steps, g)))))))
-        mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)  # a fresh barrier counts as freed once
+        mbarrier.wait(qfree.index(qb), ((n // NQB) & 1) ^ 1)  # a fresh barrier counts as freed once
         meta.index(qb).store(info)
         gl.thread_barrier()  # the slot written before the barrier's arrive publishes it
         if QTMA:
@@ -127,20 +128,13 @@ def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, 
                 mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
                 _tma_load(VDESC, [row, 0], vready.index(s), v_smem.index(s))
                 c += 1
-        if RARE:  # after its K / V: the earlier output of the item's rows, once the previous item's is merged
-            mbarrier.wait(ofree.index(0), (n & 1) ^ 1)
-            mbarrier.expect(oready.index(0), TQ * ODESC.block_type.nbytes)
-            for j in gl.static_range(TQ):
-                tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + j)
-                _tma_load(ODESC, [(tok * HKV + g) * G, 0], oready.index(0),
-                          o_smem.index(j // HALF).slice((j % HALF) * G, G))
         n += 1
         if DYNAMIC:
             item = first + gl.atomic_add(NEXT, 1) + gl.num_programs(0)
         else:
             item += gl.num_programs(0)
-    qb = n % 2
-    mbarrier.wait(qfree.index(qb), ((n // 2) & 1) ^ 1)
+    qb = n % NQB
+    mbarrier.wait(qfree.index(qb), ((n // NQB) & 1) ^ 1)
     meta.index(qb).store(gl.full([_META], -1, gl.int32, layout=meta_layout))
     gl.thread_barrier()
     mbarrier.arrive(qready.index(qb))
@@ -148,13 +142,16 @@ def _producer(QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, 
 
 @gluon.jit
 def _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i, qk_scale,
-                  B: gl.constexpr, BN: gl.constexpr, p_layout: gl.constexpr, dt: gl.constexpr, RARE: gl.constexpr):
+                  B: gl.constexpr, BN: gl.constexpr, p_layout: gl.constexpr, dt: gl.constexpr, RARE: gl.constexpr,
+                  key0=None):
     """Online-softmax update by step ``it``'s raw scores: the new row max and sum, the factor
     ``alpha`` the accumulator must be rescaled by, and ``P`` in the A-operand layout of the P V MMA.
-    ``RARE``: every token of the item chose the block (no token mask)."""
+    ``RARE``: every token of the item chose the block (no token mask); ``key0``: the step's first key
+    when the caller has it (else loaded from ``UNION``)."""
     NSUB: gl.constexpr = B // BN
     u = it // NSUB
-    key0 = gl.load(UNION + u_off + u) * B + (it % NSUB) * BN
+    if key0 is None:
+        key0 = gl.load(UNION + u_off + u) * B + (it % NSUB) * BN
     if RARE:
         bits = -1
     else:
@@ -206,14 +203,19 @@ def _slot(meta, qb, i: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready,
-              vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
+def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree, kready,
+              vready, kfree, vfree, turn, eready, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut,
               stride_uh, qk_scale,
               PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr,
               D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
               QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr, RARE: gl.constexpr):
     """One warpgroup: rows ``PART * WM ..`` (``WM`` = 64) of each item the producer hands over (shared
-    slot and barrier ``n % 2``, item -1: done); ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far."""
+    slot and barrier ``n % 2``, item -1: done); ``c`` / ``n`` / ``k``: steps, items and ping-pong turns so far.
+    ``RARE``: ``_consumer_rare``."""
+    if RARE:
+        _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready,
+                       kfree, vfree, eready, qk_scale, PART, HKV, G, TQ, WM, D, B, BN, 3)
+        return
     c = 0
     n = 0
     k = 0
@@ -222,10 +224,10 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
     while item >= 0:
         qb = n % 2
         if _slot(meta, qb, 1) >= 0:
-            c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta,
-                                  kready, vready, kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt,
-                                  stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ,
-                                  WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA, PINGPONG, RARE)
+            c, k = _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready,
+                                  vready, kfree, vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot,
+                                  stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ, WM, D, B, BN, STAGES,
+                                  GROUPED, QTMA, OTMA, PINGPONG)
         mbarrier.arrive(qfree.index(qb))
         n += 1
         mbarrier.wait(qready.index(n % 2), (n // 2) & 1)
@@ -233,18 +235,172 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
 
 
 @gluon.jit
-def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, kready, vready,
-                   kfree, vfree, turn, oready, ofree, item, c, qb, k, n, stride_qt, stride_qh, stride_ot, stride_oh,
+def _rare_rows(meta, qb, TOKMAP, UNION, LSE, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
+               TQ: gl.constexpr, WM: gl.constexpr, B: gl.constexpr, row_s: gl.constexpr, row_o: gl.constexpr):
+    """What a warpgroup needs of rare item slot ``qb``: its KV head, its block's first key, its rows'
+    positions (and the lowest), their tokens in the output layout and their earlier LSE."""
+    item = _slot(meta, qb, 0)
+    g = _slot(meta, qb, 7)
+    q_beg = _slot(meta, qb, 3)
+    q_end = _slot(meta, qb, 4)
+    kv_len = _slot(meta, qb, 5)
+    key0 = gl.load(UNION + item) * B
+    rows = PART * WM + gl.arange(0, WM, layout=row_s)
+    tok, row_ok = _row_tokens(rows, TOKMAP, item, 0, 0, G, TQ, True)
+    pos = kv_len - (q_end - q_beg) + (tok - q_beg)
+    pos_min = gl.min(gl.where(row_ok, pos, 2147483647), axis=0)
+    ro = PART * WM + gl.arange(0, WM, layout=row_o)
+    to, ok_o = _row_tokens(ro, TOKMAP, item, 0, 0, G, TQ, True)
+    lse_e = gl.load(LSE + to.to(gl.int64) * (HKV * G) + g * G + ro % G, mask=ok_o, other=float("-inf"))
+    return item, g, key0, pos, pos_min, to, ok_o, lse_e
+
+
+@gluon.jit
+def _earlier_out(ODESC, o_tile, ebar, TOKMAP, item, g, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
+                 TQ: gl.constexpr):
+    """Copy this warpgroup's rows' output before the merge into ``o_tile`` (its half of the item's Q
+    buffer, free once the item's score MMA is done) by TMA, against barrier ``ebar``: it lands while the
+    next item runs, before this item's merge reads it (an empty slot's row is negative: zero-filled)."""
+    HALF: gl.constexpr = TQ // 2
+    mbarrier.expect(ebar, HALF * ODESC.block_type.nbytes)
+    for j in gl.static_range(HALF):
+        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + PART * HALF + j)
+        _tma_load(ODESC, [(tok * HKV + g) * G, 0], ebar, o_tile.slice(j * G, G))
+
+
+@gluon.jit
+def _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree,
+                   vfree, eready, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
+                   TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
+                   NQB: gl.constexpr):
+    """The rare mode's warpgroup. Each item is one whole block (``BN == B``; item ``n``'s K / V in stage
+    ``n % 2``, its Q and slot ``n % NQB``), so consecutive items are pipelined like the tile loop's
+    steps: item ``n``'s P V and item ``n + 1``'s score MMA are issued together, item ``n``'s merge and
+    store run while the score MMA is on the tensor cores, then item ``n + 1``'s softmax (P V is done: the
+    registers of P, its A operand, are free). Once an item's score MMA is done its Q buffer takes the
+    rows' earlier output (``_earlier_out``, barrier ``eready``), which the merge reads an item later,
+    and then the merged output, stored from there; so ``NQB`` = 3 Q buffers keep the next two items'
+    Q in flight beside it."""
+    gl.static_assert(B == BN, "the rare mode takes whole blocks")
+    num_warps: gl.constexpr = 4
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+    row_bit = (PART * WM + gl.arange(0, WM, layout=row_s)) // G
+    s_zero = gl.zeros([WM, BN], gl.float32, layout=s_layout)
+    o_zero = gl.zeros([WM, D], gl.float32, layout=o_layout)
+    m_init = gl.full([WM], float("-inf"), gl.float32, layout=row_s)
+    l_init = gl.zeros([WM], gl.float32, layout=row_s)
+
+    n = 0
+    mbarrier.wait(qready.index(0), 0)
+    if _slot(meta, 0, 0) >= 0:  # (item -1: this program has no item in the round)
+        item, g, key0, pos, pos_min, to, ok_o, lse_e = _rare_rows(meta, 0, TOKMAP, UNION, LSE, PART, HKV, G, TQ, WM,
+                                                                 B, row_s, row_o)
+        mbarrier.wait(kready.index(0), 0)
+        s_tok = warpgroup_mma(q_smem.index(PART), k_smem.index(0).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
+        mbarrier.arrive(kfree.index(0))
+        _earlier_out(ODESC, q_smem.index(PART), eready.index(PART), TOKMAP, item, g, PART, HKV, G, TQ)
+        m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, TOKMAP, 0, row_bit, pos, pos_min, offs_n, m_init,
+                                              l_init, qk_scale, B, BN, p_layout, k_smem.dtype, True, key0)
+        mbarrier.wait(qready.index(1 % NQB), (1 // NQB) & 1)
+        item_n = _slot(meta, 1 % NQB, 0)
+        while item_n >= 0:
+            st = n % 2
+            nn = n + 1
+            qn = nn % NQB
+            _, g_n, key0_n, pos_n, pos_min_n, to_n, ok_n, lse_n = _rare_rows(meta, qn, TOKMAP, UNION, LSE, PART, HKV,
+                                                                             G, TQ, WM, B, row_s, row_o)
+            mbarrier.wait(vready.index(st), (n // 2) & 1)
+            o_tok = warpgroup_mma(p_op, v_smem.index(st), o_zero, use_acc=False, is_async=True)
+            mbarrier.wait(kready.index(nn % 2), (nn // 2) & 1)
+            s_tok = warpgroup_mma(q_smem.index(qn * 2 + PART), k_smem.index(nn % 2).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(o_tok, ))  # P V (issued first) is done
+            mbarrier.arrive(vfree.index(st))
+            _rare_epilogue(acc, m_i, l_i, lse_e, to, ok_o, g, ODESC, LSE, TOKMAP, item,
+                           q_smem.index((n % NQB) * 2 + PART), eready.index((n % NQB) * 2 + PART), (n // NQB) & 1,
+                           PART, HKV, G, TQ, row_o, o_layout)
+            mbarrier.arrive(qfree.index(n % NQB))
+            s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
+            mbarrier.arrive(kfree.index(nn % 2))
+            _earlier_out(ODESC, q_smem.index(qn * 2 + PART), eready.index(qn * 2 + PART), TOKMAP, item_n, g_n, PART,
+                         HKV, G, TQ)
+            m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, TOKMAP, 0, row_bit, pos_n, pos_min_n, offs_n,
+                                                  m_init, l_init, qk_scale, B, BN, p_layout, k_smem.dtype, True,
+                                                  key0_n)
+            n = nn
+            item = item_n
+            g = g_n
+            to = to_n
+            ok_o = ok_n
+            lse_e = lse_n
+            mbarrier.wait(qready.index((n + 1) % NQB), ((n + 1) // NQB) & 1)
+            item_n = _slot(meta, (n + 1) % NQB, 0)
+        st = n % 2  # the last item: its P V alone
+        mbarrier.wait(vready.index(st), (n // 2) & 1)
+        o_tok = warpgroup_mma(p_op, v_smem.index(st), o_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        mbarrier.arrive(vfree.index(st))
+        _rare_epilogue(acc, m_i, l_i, lse_e, to, ok_o, g, ODESC, LSE, TOKMAP, item, q_smem.index((n % NQB) * 2 + PART),
+                       eready.index((n % NQB) * 2 + PART), (n // NQB) & 1, PART, HKV, G, TQ, row_o, o_layout)
+        mbarrier.arrive(qfree.index(n % NQB))
+
+
+@gluon.jit
+def _rare_epilogue(acc, m_i, l_i, lse_e, to, ok_o, g, ODESC, LSE, TOKMAP, item, o_tile, ebar, phase,
+                   PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, row_o: gl.constexpr,
+                   o_layout: gl.constexpr):
+    """A rare item's rows: normalised, merged with their earlier output (weights ``exp(lse)``; in
+    ``o_tile``, this warpgroup's half of the item's Q buffer, once ``ebar`` completes ``phase``) and
+    stored by TMA from there, with the merged LSE; returns once the stores have read the buffer."""
+    WM: gl.constexpr = acc.shape[0]
+    HALF: gl.constexpr = TQ // 2
+    l_o = gl.convert_layout(l_i, row_o)
+    nonempty = l_o > 0
+    out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
+    m_o = gl.convert_layout(m_i, row_o)
+    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+    top = gl.maximum(lse_e, lse)
+    top = gl.where(top == float("-inf"), 0.0, top)
+    w_e = gl.exp(lse_e - top)
+    w_n = gl.exp(lse - top)
+    tot = w_e + w_n
+    tot_safe = gl.where(tot > 0, tot, 1.0)
+    mbarrier.wait(ebar, phase)
+    earlier = o_tile.load(o_layout).to(gl.float32)
+    out = (earlier * (w_e / tot_safe)[:, None]) + out * (w_n / tot_safe)[:, None]
+    lse = gl.where(tot > 0, top + gl.log(tot_safe), float("-inf"))
+    gl.thread_barrier()  # every row's earlier output read before the buffer takes the result
+    o_tile.store(out.to(o_tile.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    for j in gl.static_range(HALF):
+        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + PART * HALF + j)
+        if tok >= 0:
+            _tma_store(ODESC, [(tok * HKV + g) * G, 0], o_tile.slice(j * G, G))
+    ro = PART * WM + gl.arange(0, WM, layout=row_o)
+    gl.store(LSE + to.to(gl.int64) * (HKV * G) + g * G + ro % G, lse, mask=ok_o)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, kready, vready,
+                   kfree, vfree, turn, item, c, qb, k, stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
                    TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
                    STAGES: gl.constexpr,
-                   GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr,
-                   RARE: gl.constexpr):
+                   GROUPED: gl.constexpr, QTMA: gl.constexpr, OTMA: gl.constexpr, PINGPONG: gl.constexpr):
     """One item's rows: Q, the union loop, the store; ``c`` (steps of the earlier items) places the
     item's steps in the ring, ``qb`` is its Q buffer (``QTMA``: filled, the caller waited), ``k`` its
-    ping-pong turns, ``n`` the items before it; returns ``c`` and ``k`` after it. ``RARE``: the item's
-    result is merged into the ``OUT`` / ``LSE`` already there (the rows' earlier blocks), whose output
-    the producer copied into ``o_smem`` (this warpgroup's half).
+    ping-pong turns; returns ``c`` and ``k`` after it.
 
     Step 0's scores and softmax come first; then each step issues its score MMA and the previous
     step's P V MMA together and runs its softmax while P V is still on the tensor cores. ``PINGPONG``:
@@ -262,10 +418,7 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
-    if RARE:
-        tile = item
-    else:
-        tile = item // HKV
+    tile = item // HKV
     g = _slot(meta, qb, 7)
     t0 = _slot(meta, qb, 2)
     q_beg = _slot(meta, qb, 3)
@@ -292,9 +445,6 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     tok, row_ok = _row_tokens(rows, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
     pos = kv_len - (q_end - q_beg) + (tok - q_beg)
     pos_min = gl.min(gl.where(row_ok, pos, 2147483647), axis=0)
-    if RARE:  # the rows' earlier LSE, loaded now so that its latency hides behind the item's MMAs
-        lse_early = gl.load(LSE + tok.to(gl.int64) * (HKV * G) + g * G + rows % G, mask=row_ok,
-                            other=float("-inf"))
     row_bit = rows // G
     offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
 
@@ -311,7 +461,7 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
         s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
         mbarrier.arrive(kfree.index(s0))
         m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n, m_i, l_i,
-                                              qk_scale, B, BN, p_layout, k_smem.dtype, RARE)
+                                              qk_scale, B, BN, p_layout, k_smem.dtype, False)
         for it in range(1, n_steps):
             st = (c + it) % STAGES
             prev = (c + it - 1) % STAGES
@@ -324,7 +474,7 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
             s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
             mbarrier.arrive(kfree.index(st))
             m_i, l_i, alpha, p_op = _softmax_step(s_raw, it, UNION, UMASK, u_off, row_bit, pos, pos_min, offs_n,
-                                                  m_i, l_i, qk_scale, B, BN, p_layout, k_smem.dtype, RARE)
+                                                  m_i, l_i, qk_scale, B, BN, p_layout, k_smem.dtype, False)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             mbarrier.arrive(vfree.index(prev))
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -346,19 +496,6 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
     m_o = gl.convert_layout(m_i, row_o)
     lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     lse_ptr = LSE + to.to(gl.int64) * (HKV * G) + head
-    if RARE:  # merge with the rows' earlier state: both normalised, weighted by their sums exp(lse)
-        lse_e = gl.convert_layout(lse_early, row_o)
-        mbarrier.wait(oready.index(0), n & 1)
-        earlier = o_smem.index(PART).load(o_layout).to(gl.float32)
-        mbarrier.arrive(ofree.index(0))  # (after a barrier of the warpgroup: every row read)
-        top = gl.maximum(lse_e, lse)
-        top = gl.where(top == float("-inf"), 0.0, top)
-        w_e = gl.exp(lse_e - top)
-        w_n = gl.exp(lse - top)
-        tot = w_e + w_n
-        tot_safe = gl.where(tot > 0, tot, 1.0)
-        out = (earlier * (w_e / tot_safe)[:, None]) + out * (w_n / tot_safe)[:, None]
-        lse = gl.where(tot > 0, top + gl.log(tot_safe), float("-inf"))
     if OTMA:  # through this warpgroup's half of the item's Q buffer (its last read was the last score MMA)
         HALF: gl.constexpr = TQ // 2
         o_tile = q_smem.index(qb * 2 + PART)
@@ -399,7 +536,8 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
     ``RARE`` (with ``QTMA`` and ``OTMA``): a round of rare items (``launch_gluon_rare``), ``n_items`` the
     pointer to the round's first and end item."""
     WM: gl.constexpr = BLOCK_M // 2
-    NQ: gl.constexpr = 4 if QTMA else 2  # (Q buffers x) warpgroups
+    NQB: gl.constexpr = 3 if RARE else 2  # Q buffers and item slots (the rare mode keeps three items in flight)
+    NQ: gl.constexpr = 2 * NQB if QTMA else 2  # (Q buffers x) warpgroups
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], KDESC.dtype)
     q_smem = gl.allocate_shared_memory(KDESC.dtype, [NQ, WM, D], q_layout)
     k_smem = gl.allocate_shared_memory(KDESC.dtype, [STAGES, BN, D], KDESC.layout)
@@ -408,40 +546,36 @@ def _gluon_tile_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, CUQ, SEQ, TILE_R
     vready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     vfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    qready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    qfree = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    qready = gl.allocate_shared_memory(gl.int64, [NQB, 1], mbarrier.MBarrierLayout())
+    qfree = gl.allocate_shared_memory(gl.int64, [NQB, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    meta = gl.allocate_shared_memory(gl.int32, [2, _META], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    oready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ofree = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    if RARE:  # the earlier output of the item's rows, one buffer
-        o_smem = gl.allocate_shared_memory(KDESC.dtype, [2, WM, D], q_layout)
-    else:
-        o_smem = q_smem
-    mbarrier.init(oready.index(0), count=1)
-    mbarrier.init(ofree.index(0), count=2)
+    meta = gl.allocate_shared_memory(gl.int32, [NQB, _META], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    eready = gl.allocate_shared_memory(gl.int64, [2 * NQB, 1], mbarrier.MBarrierLayout())  # (rare mode)
     for i in gl.static_range(STAGES):
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(vready.index(i), count=1)
         mbarrier.init(kfree.index(i), count=2)  # one arrive per consumer warpgroup
         mbarrier.init(vfree.index(i), count=2)
-    for i in gl.static_range(2):
+    for i in gl.static_range(NQB):
         mbarrier.init(qready.index(i), count=1)
         mbarrier.init(qfree.index(i), count=2)
+    for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(2 * NQB):
+        mbarrier.init(eready.index(i), count=1)
     if PINGPONG:
         mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
     gl.warp_specialize([
-        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree,
-                     kready, vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh,
+        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree,
+                     kready, vready, kfree, vfree, turn, eready, stride_qt, stride_qh, stride_ot, stride_oh,
                      stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA,
                      PINGPONG, RARE)),
-        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree,
-                     kready, vready, kfree, vfree, turn, oready, ofree, stride_qt, stride_qh, stride_ot, stride_oh,
+        (_consumer, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, meta, qready, qfree,
+                     kready, vready, kfree, vfree, turn, eready, stride_qt, stride_qh, stride_ot, stride_oh,
                      stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA, OTMA,
                      PINGPONG, RARE)),
-        (_producer, (QDESC, KDESC, VDESC, ODESC, q_smem, k_smem, v_smem, o_smem, meta, qready, qfree, kready, vready,
-                     kfree, vfree, oready, ofree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT,
+        (_producer, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready,
+                     kfree, vfree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, ITEM_G, NEXT,
                      n_items, stride_ut, stride_uh, HKV, G, TQ, B, BN, STAGES, GROUPED, QTMA, DYNAMIC, RARE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -524,7 +658,7 @@ def launch_gluon_rare(q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, 
     if not o_tma:
         raise ValueError("msa_prefill_attention: rare_pass='items' needs contiguous q and out, a group of 8 or 16 "
                          "heads and room for two Q buffers; use rare_pass='token'")
-    need = (2 * stages * block_n + 3 * tile_q * group) * d * q.element_size()  # K / V ring, 2 Q buffers, 1 out
+    need = (2 * stages * block_n + 3 * tile_q * group) * d * q.element_size()  # K / V ring, 3 Q buffers
     if need > _SMEM_BYTES:
         raise ValueError(f"msa_prefill_attention: rare_pass='items' with {stages} stages of {block_n} keys needs "
                          f"{need} bytes of shared memory, more than the {_SMEM_BYTES} an H100 / H200 block has; "
