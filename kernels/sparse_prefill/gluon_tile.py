@@ -67,7 +67,7 @@ def _producer(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, 
     each one block (``UPAGE[item]``) of KV head ``ITEM_G[item]`` for the tokens ``TOKMAP[item]``, in
     ``NQB`` = 3 slots and Q buffers (``_consumer_rare`` keeps an item's Q buffer until its output is
     stored through it, while the next two items' Q arrive)."""
-    NQB: gl.constexpr = 3 if RARE else 2
+    NQB: gl.constexpr = qready.shape[0]  # item slots and Q buffers
     NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
     meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
@@ -214,7 +214,7 @@ def _consumer(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_smem, 
     ``RARE``: ``_consumer_rare``."""
     if RARE:
         _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready,
-                       kfree, vfree, eready, qk_scale, PART, HKV, G, TQ, WM, D, B, BN, 3)
+                       kfree, vfree, eready, qk_scale, PART, HKV, G, TQ, WM, D, B, BN)
         return
     c = 0
     n = 0
@@ -271,8 +271,7 @@ def _earlier_out(ODESC, o_tile, ebar, TOKMAP, item, g, PART: gl.constexpr, HKV: 
 @gluon.jit
 def _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree,
                    vfree, eready, qk_scale, PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
-                   TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
-                   NQB: gl.constexpr):
+                   TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr):
     """The rare mode's warpgroup. Each item is one whole block (``BN == B``; item ``n``'s K / V in stage
     ``n % 2``, its Q and slot ``n % NQB``), so consecutive items are pipelined like the tile loop's
     steps: item ``n``'s P V and item ``n + 1``'s score MMA are issued together, item ``n``'s merge and
@@ -282,6 +281,7 @@ def _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qrea
     and then the merged output, stored from there; so ``NQB`` = 3 Q buffers keep the next two items'
     Q in flight beside it."""
     gl.static_assert(B == BN, "the rare mode takes whole blocks")
+    NQB: gl.constexpr = qready.shape[0]  # item slots and Q buffers (3)
     num_warps: gl.constexpr = 4
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BN, 16])
@@ -308,7 +308,7 @@ def _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qrea
         s_raw = warpgroup_mma_wait(0, deps=(s_tok, ))
         mbarrier.arrive(kfree.index(0))
         _earlier_out(ODESC, q_smem.index(PART), eready.index(PART), TOKMAP, item, g, PART, HKV, G, TQ)
-        m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, TOKMAP, 0, row_bit, pos, pos_min, offs_n, m_init,
+        m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UNION, 0, row_bit, pos, pos_min, offs_n, m_init,
                                               l_init, qk_scale, B, BN, p_layout, k_smem.dtype, True, key0)
         mbarrier.wait(qready.index(1 % NQB), (1 // NQB) & 1)
         item_n = _slot(meta, 1 % NQB, 0)
@@ -333,7 +333,7 @@ def _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qrea
             mbarrier.arrive(kfree.index(nn % 2))
             _earlier_out(ODESC, q_smem.index(qn * 2 + PART), eready.index(qn * 2 + PART), TOKMAP, item_n, g_n, PART,
                          HKV, G, TQ)
-            m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, TOKMAP, 0, row_bit, pos_n, pos_min_n, offs_n,
+            m_i, l_i, alpha, p_op = _softmax_step(s_raw, 0, UNION, UNION, 0, row_bit, pos_n, pos_min_n, offs_n,
                                                   m_init, l_init, qk_scale, B, BN, p_layout, k_smem.dtype, True,
                                                   key0_n)
             n = nn
