@@ -355,6 +355,40 @@ def _consumer_rare(ODESC, LSE, TOKMAP, UNION, q_smem, k_smem, v_smem, meta, qrea
 
 
 @gluon.jit
+def _normalised(acc, m_i, l_i, row_o: gl.constexpr):
+    """An item's rows normalised by their softmax sums, and their natural-log LSE (-inf for rows with no
+    key: their output is 0)."""
+    l_o = gl.convert_layout(l_i, row_o)
+    nonempty = l_o > 0
+    out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
+    m_o = gl.convert_layout(m_i, row_o)
+    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+    return out, lse
+
+
+@gluon.jit
+def _store_slots(out, o_tile, ODESC, TOKMAP, item, t0, q_end, g, PART: gl.constexpr, HKV: gl.constexpr,
+                 G: gl.constexpr, TQ: gl.constexpr, GROUPED: gl.constexpr):
+    """This warpgroup's rows of ``out`` written into ``o_tile`` (its half of an item's Q buffer) and
+    stored by TMA, one ``[G, D]`` box per token that exists (``_row_tokens``' rule); the caller waits
+    for the stores before the buffer is reused."""
+    HALF: gl.constexpr = TQ // 2
+    o_tile.store(out.to(o_tile.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    for j in gl.static_range(HALF):
+        slot = PART * HALF + j
+        if GROUPED:
+            tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + slot)
+            ok = tok >= 0
+        else:
+            tok = t0 + slot
+            ok = tok < q_end
+        if ok:
+            _tma_store(ODESC, [(tok * HKV + g) * G, 0], o_tile.slice(j * G, G))
+
+
+@gluon.jit
 def _rare_epilogue(acc, m_i, l_i, lse_e, to, ok_o, g, ODESC, LSE, TOKMAP, item, o_tile, ebar, phase,
                    PART: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, row_o: gl.constexpr,
                    o_layout: gl.constexpr):
@@ -362,12 +396,7 @@ def _rare_epilogue(acc, m_i, l_i, lse_e, to, ok_o, g, ODESC, LSE, TOKMAP, item, 
     ``o_tile``, this warpgroup's half of the item's Q buffer, once ``ebar`` completes ``phase``) and
     stored by TMA from there, with the merged LSE; returns once the stores have read the buffer."""
     WM: gl.constexpr = acc.shape[0]
-    HALF: gl.constexpr = TQ // 2
-    l_o = gl.convert_layout(l_i, row_o)
-    nonempty = l_o > 0
-    out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
-    m_o = gl.convert_layout(m_i, row_o)
-    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
+    out, lse = _normalised(acc, m_i, l_i, row_o)
     top = gl.maximum(lse_e, lse)
     top = gl.where(top == float("-inf"), 0.0, top)
     w_e = gl.exp(lse_e - top)
@@ -379,13 +408,7 @@ def _rare_epilogue(acc, m_i, l_i, lse_e, to, ok_o, g, ODESC, LSE, TOKMAP, item, 
     out = (earlier * (w_e / tot_safe)[:, None]) + out * (w_n / tot_safe)[:, None]
     lse = gl.where(tot > 0, top + gl.log(tot_safe), float("-inf"))
     gl.thread_barrier()  # every row's earlier output read before the buffer takes the result
-    o_tile.store(out.to(o_tile.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    for j in gl.static_range(HALF):
-        tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + PART * HALF + j)
-        if tok >= 0:
-            _tma_store(ODESC, [(tok * HKV + g) * G, 0], o_tile.slice(j * G, G))
+    _store_slots(out, o_tile, ODESC, TOKMAP, item, 0, 0, g, PART, HKV, G, TQ, True)
     ro = PART * WM + gl.arange(0, WM, layout=row_o)
     gl.store(LSE + to.to(gl.int64) * (HKV * G) + g * G + ro % G, lse, mask=ok_o)
     tma.store_wait(0)
@@ -487,31 +510,13 @@ def _consumer_item(Q, ODESC, OUT, LSE, TOKMAP, UNION, UMASK, q_smem, k_smem, v_s
         mbarrier.arrive(vfree.index(last))
 
     # epilogue: normalise, store out and the natural-log LSE
-    l_o = gl.convert_layout(l_i, row_o)
-    nonempty = l_o > 0
-    out = acc / gl.where(nonempty, l_o, 1.0)[:, None]
+    out, lse = _normalised(acc, m_i, l_i, row_o)
     ro = PART * WM + gl.arange(0, BLOCK_M, layout=row_o)
     to, ok_o = _row_tokens(ro, TOKMAP, item, t0, q_end, G, TQ, GROUPED)
     head = g * G + ro % G
-    m_o = gl.convert_layout(m_i, row_o)
-    lse = gl.where(nonempty, (m_o + gl.log2(gl.where(nonempty, l_o, 1.0))) * 0.6931471805599453, float("-inf"))
     lse_ptr = LSE + to.to(gl.int64) * (HKV * G) + head
     if OTMA:  # through this warpgroup's half of the item's Q buffer (its last read was the last score MMA)
-        HALF: gl.constexpr = TQ // 2
-        o_tile = q_smem.index(qb * 2 + PART)
-        o_tile.store(out.to(OUT.dtype.element_ty))
-        fence_async_shared()
-        gl.thread_barrier()
-        for j in gl.static_range(HALF):
-            slot = PART * HALF + j
-            if GROUPED:
-                tok = gl.load(TOKMAP + item.to(gl.int64) * TQ + slot)
-                ok = tok >= 0
-            else:
-                tok = t0 + slot
-                ok = tok < q_end
-            if ok:
-                _tma_store(ODESC, [(tok * HKV + g) * G, 0], o_tile.slice(j * G, G))
+        _store_slots(out, q_smem.index(qb * 2 + PART), ODESC, TOKMAP, item, t0, q_end, g, PART, HKV, G, TQ, GROUPED)
         tma.store_wait(0)  # the buffer is read before the caller frees it
     else:
         do = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
