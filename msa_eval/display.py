@@ -8,18 +8,40 @@ from typing import Any, Iterable, Sequence
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji off: `:m:` in a backend key such as `openai:m:` must not become a glyph
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: its lines joined with "; " (an exception text may hold several)."""
+    return "; ".join(x.strip() for x in str(message).splitlines() if x.strip())
+
+
+def _plain(prefix: str, style: str, message: str) -> None:
+    """Every error, warning and notice line goes out here: literal text (no rich markup, no
+    :emoji: codes, no highlighting), never wrapped, so a path with `[` or a key like
+    `openai:m:` prints as written."""
+    line = Text(prefix, style=style) if prefix else Text()
+    line.append(one_line(message), style="" if prefix else style)
+    err_console.print(line, highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 
 def error_line(message: str) -> None:
     """One red line on stderr; the message names the fix."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    _plain("error: ", "bold red", message)
 
 
-def info(message: str) -> None:
-    err_console.print(message, highlight=False)
+def warning_line(message: str) -> None:
+    """One yellow line on stderr: something was skipped or repaired, the command went on."""
+    _plain("warning: ", "bold yellow", message)
+
+
+def info(message: str, dim: bool = False) -> None:
+    """One line of status on stderr, printed literally."""
+    _plain("", "dim" if dim else "", message)
 
 
 def print_json(obj: Any) -> None:
@@ -30,9 +52,9 @@ def print_json(obj: Any) -> None:
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     t = Table(title=title)
     for c in columns:
-        t.add_column(str(c))
+        t.add_column(Text(str(c)))
     for r in rows:
-        t.add_row(*["" if v is None else str(v) for v in r])
+        t.add_row(*[Text("" if v is None else str(v)) for v in r])  # cells are data, not markup
     console.print(t)
 
 
@@ -49,7 +71,7 @@ class RunProgress:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
 
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                            TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
                            transient=False)
         self._ids: dict[str, Any] = {}
@@ -62,7 +84,9 @@ class RunProgress:
         self._p.stop()
 
     def __call__(self, event: str, **info: Any) -> None:
-        if event == "backend":
+        if event == "notice":
+            warning_line(info["message"])
+        elif event == "backend":
             self._ids[info["key"]] = self._p.add_task(info["key"], total=info["total"],
                                                       completed=info["done"])
         elif event == "advance":
@@ -71,27 +95,25 @@ class RunProgress:
 
 def report_tables(rep: Any) -> None:
     """The side-by-side score table (with Δ columns) and the efficiency table."""
-    from rich.markup import escape
-
     from msa_eval.report.writers import EFF_FIELDS, table_rows
 
     header, rows = table_rows(rep)
     t = Table(title="msa-eval: scores (0-100), overall = mean of category means")
     for c in header:
-        t.add_column(c, justify="left" if c in ("category", "task") else "right")
+        t.add_column(Text(c), justify="left" if c in ("category", "task") else "right")
     kinds = [r["kind"] for r in rep.rows]
     for kind, r in zip(kinds, rows):
         style = "bold" if kind == "overall" else ("cyan" if kind == "category" else None)
-        t.add_row(*r, style=style)
+        t.add_row(*(Text(str(v)) for v in r), style=style)
     console.print(t)
     e = Table(title="efficiency and failure rates")
     for f in EFF_FIELDS:
         e.add_column(f, justify="right")
     for row in rep.efficiency:
-        e.add_row(*["" if row[f] is None else str(row[f]) for f in EFF_FIELDS])
+        e.add_row(*[Text("" if row[f] is None else str(row[f])) for f in EFF_FIELDS])
     console.print(e)
     for n in rep.notes:
-        info(f"[dim]note: {escape(n)}[/]")
+        info(f"note: {n}", dim=True)
     if getattr(rep, "judge", None):
         judge_table(rep.judge)
 

@@ -40,7 +40,7 @@ def pull(name: str, force: bool) -> None:
     from engine import store
 
     path = store.pull(name, force=force)
-    display.info(f"[green]ok[/] {name} -> {path}")
+    display.info(f"ok {name} -> {path}")
 
 
 @models.command("info")

@@ -59,7 +59,7 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots:
             display.report_tables(rep)
     display.stream_text(agents_markdown(agents))
     if not as_md:
-        display.info(f"[dim]written: {', '.join(str(p) for p in paths.values())}[/]")
+        display.info(f"written: {', '.join(str(p) for p in paths.values())}", dim=True)
 
 
 def _helmet(run_dirs, dest: Path, wanted: set[str], no_plots: bool, bootstrap: int, as_json: bool,
@@ -70,9 +70,13 @@ def _helmet(run_dirs, dest: Path, wanted: set[str], no_plots: bool, bootstrap: i
     from msa_eval.report.plots import plot_report
     from msa_eval.report.writers import to_markdown, write_report
 
-    records = load_runs(list(run_dirs))
-    if not records:
-        raise MsaEvalError(f"no records in {', '.join(map(str, run_dirs))}: run `msa-eval run` first")
+    warnings: list[str] = []
+    records = load_runs(list(run_dirs), warn=warnings.append)
+    if not records:  # one line: the skipped lines are the likely reason
+        why = f" ({'; '.join(warnings)})" if warnings else ""
+        raise MsaEvalError(f"no records in {', '.join(map(str, run_dirs))}: run `msa-eval run` first{why}")
+    for w in warnings:
+        display.warning_line(w)
     rep = build_report(records, n_boot=bootstrap)
     paths = write_report(rep, dest, wanted)
     if not no_plots:
@@ -85,5 +89,5 @@ def _helmet(run_dirs, dest: Path, wanted: set[str], no_plots: bool, bootstrap: i
         display.stream_text(to_markdown(rep))
     else:
         display.report_tables(rep)
-        display.info(f"[dim]written: {', '.join(str(p) for p in paths.values())}[/]")
+        display.info(f"written: {', '.join(str(p) for p in paths.values())}", dim=True)
     return rep

@@ -27,12 +27,12 @@ def register(group: click.Group) -> None:
 @click.option("--tokenizer", "reference", default=None,
               help="Reference tokenizer for prompt fitting (model name/path or tokenizer.json); default: the local model, else smollm2-135m.")
 @click.option("--lengths", default=None, help="Target lengths, e.g. 2k,4k,8k (default: the suite's).")
-@click.option("--samples", type=int, default=None, help="Samples per task and length.")
+@click.option("--samples", type=click.IntRange(min=1), default=None, help="Samples per task and length.")
 @click.option("--tasks", "task_names", default=None, help="Comma-separated task names (default: the suite's).")
 @click.option("--mode", type=click.Choice(["chat", "completion"]), default=None, help="Prompt mode (default: the suite's).")
-@click.option("--seed", type=int, default=None, help="Generator seed (default: the suite's).")
-@click.option("--concurrency", type=int, default=None, help="Requests per batch (local default 1, openai 8).")
-@click.option("--limit", type=int, default=None, help="Run at most N samples per task and length (same run directory).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Generator seed, 0..2**63-1 (default: the suite's).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests per batch, >= 1 (local default 1, openai 8).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Run at most N samples per task and length (same run directory).")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/<suite>-<backend>-<config hash>).")
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
               help="Backend option, repeatable (openai: max_retries=0, chat_only=true, ...; local: max_num_seqs=4, ...).")
@@ -63,8 +63,8 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
                                 for p in prep.plan for s in p.samples])
             return
         display.dry_run_table(prep.dry_run_rows())
-        display.info(f"[dim]{prep.n_samples} samples x {len(prep.cfg.backends)} backend(s); "
-                     f"would write {prep.run_dir}[/]")
+        display.info(f"{prep.n_samples} samples x {len(prep.cfg.backends)} backend(s); "
+                     f"would write {prep.run_dir}", dim=True)
         return
     from msa_eval.report import build_report, load_runs
     from msa_eval.report.plots import plot_report
@@ -97,8 +97,8 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
         display.print_json(rep.to_dict())
     else:
         display.report_tables(rep)
-    display.info(f"[dim]{result.generated} generated, {result.skipped} resumed, {result.errors} errors; "
-                 f"report: {paths['markdown']}[/]")
+    display.info(f"{result.generated} generated, {result.skipped} resumed, {result.errors} errors; "
+                 f"report: {paths['markdown']}", dim=True)
     if judge_spec is not None:
-        display.info(f"[dim]judge: {counts['judged']} judged, {counts['skipped']} kept, "
-                     f"{counts['errors']} errors (not in the headline)[/]")
+        display.info(f"judge: {counts['judged']} judged, {counts['skipped']} kept, "
+                     f"{counts['errors']} errors (not in the headline)", dim=True)

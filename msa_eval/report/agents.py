@@ -48,11 +48,11 @@ def load_agent_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
         info = m.get("backend_info") or {}
         latest: dict[tuple[str, str], dict[str, Any]] = {}
         p = d / "records.jsonl"
-        for line in (p.read_text().splitlines() if p.is_file() else []):
+        for line in (p.read_bytes().split(b"\n") if p.is_file() else []):
             try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a killed run
+                r = json.loads(line) if line.strip() else None
+            except ValueError:  # not JSON or not UTF-8: a torn last line from a killed run, or garbage
+                continue
             if isinstance(r, dict) and "task_id" in r:
                 latest[(r.get("backend") or m.get("backend", "?"), r["task_id"])] = r
         for (key, _), r in latest.items():

@@ -1,13 +1,16 @@
-"""Read run directories: manifest + records, last record per (backend, sample) wins."""
+"""Read run directories: manifest + records, last record per (backend, sample) wins.
+
+Read only: unreadable lines of records.jsonl (a run still appending, a kill -9, garbage) are
+skipped and counted, never rewritten; `msa-eval run` repairs them when it reopens the run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from msa_eval.errors import MsaEvalError
 from msa_eval.runner.manifest import RECORDS, read_manifest
-from msa_eval.runner.records import SampleRecord, read_records
+from msa_eval.runner.records import SampleRecord, scan_records
 
 
 @dataclass
@@ -15,6 +18,14 @@ class LoadedRun:
     run_dir: Path
     manifest: dict[str, Any]
     records: list[SampleRecord]
+    unreadable: int = 0  # lines of records.jsonl that are no record (left in place)
+
+    def warning(self) -> str | None:
+        if not self.unreadable:
+            return None
+        n = self.unreadable
+        return (f"{self.run_dir / RECORDS}: skipped {n} unreadable line{'s' * (n > 1)} (left as they are; "
+                "rerun the `msa-eval run` command of this run to repair and redo them)")
 
 
 def load_run(run_dir: Path) -> LoadedRun:
@@ -22,19 +33,23 @@ def load_run(run_dir: Path) -> LoadedRun:
     if m is None:
         raise MsaEvalError(f"{run_dir} is not an msa-eval run directory (no manifest.json): "
                            "pass the folder printed by `msa-eval run`")
+    scan = scan_records(run_dir / RECORDS)
     latest: dict[tuple[str, str], SampleRecord] = {}
-    for r in read_records(run_dir / RECORDS):
+    for r in scan.records:
         latest[(r.backend, r.sample_id)] = r
-    return LoadedRun(run_dir, m, list(latest.values()))
+    return LoadedRun(run_dir, m, list(latest.values()), scan.unreadable)
 
 
-def load_runs(run_dirs: list[Path]) -> list[SampleRecord]:
+def load_runs(run_dirs: list[Path], warn: Callable[[str], None] | None = None) -> list[SampleRecord]:
     """Records of all runs; a backend key seen in two runs gets the run's folder name
-    appended (`local:dense#run2`) so the columns stay apart."""
+    appended (`local:dense#run2`) so the columns stay apart. `warn` gets one line per run
+    with unreadable record lines."""
     out: list[SampleRecord] = []
     seen: dict[str, Path] = {}
     for d in run_dirs:
         run = load_run(Path(d))
+        if warn is not None and run.warning():
+            warn(run.warning())
         rename: dict[str, str] = {}
         for key in sorted({r.backend for r in run.records}):
             if key in seen and seen[key] != run.run_dir:

@@ -83,8 +83,11 @@ def open_run_dir(run_dir: Path, cfg: RunConfig, reference: dict[str, Any]) -> di
         raise ConfigError(
             f"{run_dir} holds a run of another config (hash {old.get('config_hash')}, now "
             f"{cfg.config_hash()}): drop --out to get a new run directory or pick another --out")
+    event: dict[str, Any] = {"resumed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if "error" in old:  # the last attempt's error stays in the log, not as the run's state
+        event["previous_status"], event["previous_error"] = old.get("status"), old.pop("error")
     old["status"] = "running"
-    old.setdefault("events", []).append({"resumed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    old.setdefault("events", []).append(event)
     atomic_write_json(run_dir / MANIFEST, old)
     return old
 

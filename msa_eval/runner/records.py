@@ -1,12 +1,16 @@
 """One JSONL record per (backend, sample): the pydantic edge of a run's results.
 
-Appends are flushed and fsynced per batch; a line cut by a kill -9 is dropped (and the
-file rewritten atomically without it) when the run directory is opened again."""
+Appends are flushed and fsynced per batch. Readers (`read_records`, the report) never write:
+they skip a line cut by a kill -9 and any unreadable line, and say how many they skipped.
+Only the runner repairs (`repair_records`, when it reopens a run directory): the unreadable
+lines' exact bytes are appended to `records.jsonl.bad`, then the file is rewritten
+atomically with the good lines byte for byte, so nothing is lost and their samples run again."""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
@@ -51,25 +55,87 @@ class SampleRecord(BaseModel):
     judge: dict[str, Any] | None = None
 
 
-def read_records(path: Path) -> list[SampleRecord]:
-    """All complete records; a trailing partial line (kill -9 mid-write) is dropped and the
-    file is rewritten atomically without it."""
+BAD_SUFFIX = ".bad"  # records.jsonl.bad: the exact bytes of the lines a repair took out
+
+
+@dataclass
+class RecordScan:
+    """What a tolerant read of records.jsonl found. `good` keeps each readable line's bytes."""
+
+    records: list[SampleRecord] = field(default_factory=list)
+    good: list[bytes] = field(default_factory=list)
+    partial: bytes | None = None  # the unreadable last line with no newline (a kill -9 mid-append)
+    bad: list[bytes] = field(default_factory=list)  # other unreadable lines (garbled, not a record)
+    unterminated: bool = False  # the file's last byte is not a newline (the next append would glue on)
+
+    @property
+    def unreadable(self) -> int:
+        return len(self.bad) + (self.partial is not None)
+
+
+def scan_records(path: Path) -> RecordScan:
+    """Read `path` without writing: every line that is a valid record, the rest set aside."""
+    scan = RecordScan()
     if not path.is_file():
-        return []
-    good: list[SampleRecord] = []
-    lines = path.read_text().splitlines(keepends=True)
-    bad = False
-    for line in lines:
-        if not line.endswith("\n"):
-            bad = True
+        return scan
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    scan.unterminated = tail != b""
+    for i, line in enumerate(lines + ([tail] if tail else [])):
+        if not line.strip():
             continue
         try:
-            good.append(SampleRecord.model_validate_json(line))
-        except ValueError:
-            bad = True
-    if bad:
-        atomic_write_text(path, "".join(r.model_dump_json() + "\n" for r in good))
-    return good
+            rec = SampleRecord.model_validate_json(line)
+        except ValueError:  # pydantic's ValidationError (bad JSON, bad bytes, not a record)
+            if i == len(lines):
+                scan.partial = line
+            else:
+                scan.bad.append(line)
+            continue
+        scan.records.append(rec)
+        scan.good.append(line)
+    return scan
+
+
+def read_records(path: Path) -> list[SampleRecord]:
+    """All readable records of `path`; never writes (a running run may be appending)."""
+    return scan_records(path).records
+
+
+@dataclass(frozen=True)
+class Repair:
+    partial: int  # 0 or 1: a cut last line
+    bad: int  # garbled lines
+    sidecar: Path
+
+    def notice(self, path: Path) -> str:
+        parts = [f"dropped {self.partial} partial record"] if self.partial else []
+        if self.bad:
+            parts.append(f"set aside {self.bad} unreadable line{'s' * (self.bad > 1)}")
+        return (f"{path}: {', '.join(parts)} (exact bytes kept in {self.sidecar}); "
+                "their samples run again")
+
+
+def repair_records(path: Path) -> tuple[list[SampleRecord], Repair | None]:
+    """The runner's repair on reopening a run: unreadable lines go (appended, fsynced) to the
+    `.bad` sidecar, then `path` is rewritten atomically with the good lines' bytes unchanged.
+    Returns the records and what was repaired (None when the file was clean)."""
+    scan = scan_records(path)
+    if not scan.unreadable:
+        if scan.unterminated:  # a whole record whose newline never made it: end the line
+            with open(path, "ab") as f:
+                f.write(b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return scan.records, None
+    sidecar = path.with_name(path.name + BAD_SUFFIX)
+    with open(sidecar, "ab") as f:
+        f.write(b"".join(line + b"\n" for line in scan.bad + ([scan.partial] if scan.partial else [])))
+        f.flush()
+        os.fsync(f.fileno())
+    atomic_write_bytes(path, b"".join(line + b"\n" for line in scan.good))
+    return scan.records, Repair(int(scan.partial is not None), len(scan.bad), sidecar)
 
 
 def append_records(path: Path, records: Iterable[SampleRecord]) -> None:
@@ -83,12 +149,16 @@ def append_records(path: Path, records: Iterable[SampleRecord]) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync, then os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -2,10 +2,15 @@
 `concurrency` -> `Backend.generate` -> score -> append records (fsynced) -> manifest.
 
 Resume: a (backend, sample) pair with an `ok` record is never generated again; `error`
-records are retried. Interrupted runs leave status "interrupted" in the manifest."""
+records are retried; unreadable lines of records.jsonl are repaired away (to the `.bad`
+sidecar, records.py) with a one-line notice. Interrupted runs leave status "interrupted" in
+the manifest. A new run that fails before its first record (a backend that cannot be built or
+is refused: bad option, key, model id) removes what it created, so the corrected command
+can use the same --out."""
 from __future__ import annotations
 
 import resource
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,15 +18,15 @@ from typing import Any, Callable
 
 from msa_eval.backends.base import Backend, BackendError, GenResult
 from msa_eval.runner.config import BackendSpec, ConfigError, RunConfig
-from msa_eval.runner.manifest import RECORDS, open_run_dir, save_manifest
+from msa_eval.runner.manifest import MANIFEST, RECORDS, open_run_dir, save_manifest
 from msa_eval.runner.plan import PlannedTask
-from msa_eval.runner.records import SampleRecord, append_records, read_records
+from msa_eval.runner.records import Repair, SampleRecord, append_records, repair_records
 from msa_eval.runner.requests import to_request
 from tasks.base import Sample, TokenCounter
 
 BackendFactory = Callable[[BackendSpec], Backend]
 MAX_ERROR_STREAK = 3  # consecutive failed requests that stop a run (harness error, not data)
-# progress(event, **info): event in {"backend", "advance", "done"}
+# progress(event, **info): event in {"notice", "backend", "advance", "done"}
 Progress = Callable[..., None]
 
 
@@ -34,6 +39,7 @@ class RunResult:
     skipped: int = 0
     errors: int = 0
     backends: list[str] = field(default_factory=list)
+    repair: Repair | None = None  # what reopening repaired in records.jsonl
 
 
 def default_factory(spec: BackendSpec) -> Backend:
@@ -71,16 +77,21 @@ def run_suite(
 ) -> RunResult:
     """Generate and score every (backend, sample) pair without an ok record. The reference
     tokenizer renders assistant-prefill chats for backends without their own (requests.py)."""
+    existed, had_manifest = run_dir.exists(), (run_dir / MANIFEST).is_file()
     manifest = open_run_dir(run_dir, cfg, reference)
     samples = [s for p in plan for s in p.samples]
     manifest["plan"] = {"samples": len(samples), "tasks": sorted({s.task for s in samples}),
                         "lengths": sorted({p.length for p in plan})}
     save_manifest(run_dir, manifest)
     path = run_dir / RECORDS
-    records = read_records(path)
+    records, repair = repair_records(path)
     done = {(r.backend, r.sample_id) for r in records if r.status == "ok"}
-    result = RunResult(run_dir, manifest, records)
+    result = RunResult(run_dir, manifest, records, repair=repair)
     emit = progress or (lambda *a, **k: None)
+    if repair is not None:
+        manifest.setdefault("events", []).append({"repaired": repair.notice(path)})
+        save_manifest(run_dir, manifest)
+        emit("notice", message=repair.notice(path))
     try:
         for spec in cfg.backends:
             key = spec.key
@@ -122,6 +133,9 @@ def run_suite(
         save_manifest(run_dir, manifest)
         raise
     except (BackendError, ConfigError) as e:
+        if not had_manifest and not path.exists():
+            _remove_new_run(run_dir, existed)
+            raise type(e)(f"{e} (nothing was recorded: the new run directory was removed)") from None
         manifest["status"] = "error"
         manifest["error"] = str(e)
         save_manifest(run_dir, manifest)
@@ -137,3 +151,13 @@ def run_suite(
     emit("done")
     result.records = records
     return result
+
+
+def _remove_new_run(run_dir: Path, existed: bool) -> None:
+    """Undo what this invocation created: the whole directory if it made it, else only the
+    manifest it wrote into an (empty) directory that was already there. No record exists, so
+    the response cache holds nothing either (it stores successes, each followed by a record)."""
+    if not existed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        (run_dir / MANIFEST).unlink(missing_ok=True)

@@ -7,7 +7,7 @@ import pytest
 from msa_eval.cli.run_setup import RunArgs, prepare
 from msa_eval.runner.config import ConfigError, load_suite, parse_length, suite_from_dict
 from msa_eval.runner.manifest import open_run_dir
-from msa_eval.runner.records import SampleRecord, append_records, read_records
+from msa_eval.runner.records import SampleRecord, append_records, read_records, repair_records
 
 
 def args(tmp_path, **kw):
@@ -80,8 +80,11 @@ def test_partial_trailing_line_is_dropped(tmp_path):
     append_records(p, [rec, rec.model_copy(update={"sample_id": "a/1/1"})])
     with open(p, "a") as f:
         f.write('{"backend": "local:dense", "sample_id": "a/1/2", "ta')  # kill -9 mid-write
+    before = p.read_bytes()
     got = read_records(p)
     assert [r.sample_id for r in got] == ["a/1/0", "a/1/1"]
+    assert p.read_bytes() == before  # readers never write (issue 19); the runner repairs:
+    assert [r.sample_id for r in repair_records(p)[0]] == ["a/1/0", "a/1/1"]
     assert p.read_text().endswith("\n") and len(p.read_text().splitlines()) == 2
 
 
