@@ -3,8 +3,10 @@
 Every step is appended to the trajectory before the next model call; every exit (submitted
 or not) grades the environment's current state, so a run that hits a limit is still scored
 on the diff it left. Model mistakes (bad JSON, unknown tool, missing argument, a reply with
-no tool call) come back to the model as tool results and count toward the consecutive
-format-error cap; harness failures end the run with `environment_error` or `api_error`.
+no tool call, any `ToolError`) come back to the model as tool results and count toward the
+consecutive format-error cap; harness failures end the run with `environment_error` or
+`api_error`. A tool that raises anything but `ToolError` failed in the harness: its step is
+recorded, then the run ends with `environment_error` and is graded like any other exit.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from agents import textproto
 from agents.config import AgentConfig, AgentResult
 from agents.context import ContextPolicy, summary_request
 from agents.env import Environment, Grade
-from agents.errors import AgentHarnessError, ToolError, ToolFormatError
+from agents.errors import AgentHarnessError, EnvironmentFailure, ToolError, ToolFormatError
 from agents.task import AgentTask
 from agents.tokens import MessageCounter, counter_for
 from agents.trajectory import SCHEMA, TrajectoryWriter, read_trajectory
@@ -68,6 +70,8 @@ class AgentLoop:
                 status, error = ("context_overflow" if _is_context_error(e) else "api_error"), str(e)
             except AgentHarnessError as e:
                 status, error = "environment_error", str(e)
+            except Exception as e:  # noqa: BLE001 - a harness bug still ends in a named, graded exit
+                status, error = "environment_error", f"{type(e).__name__}: {e}"
         return self._finish(st, status, error, time.monotonic() - t_start)
 
     # -- one step -------------------------------------------------------------
@@ -113,6 +117,8 @@ class AgentLoop:
             record["checkpoint"] = st.last_checkpoint = cp
         self.history.extend(new_msgs)
         self.writer.write(record)
+        if st.harness_error:
+            raise EnvironmentFailure(st.harness_error)
         if st.submitted:
             return "submitted"
         if st.consecutive_format_errors >= self.lim.max_consecutive_format_errors:
@@ -136,8 +142,8 @@ class AgentLoop:
             obs.append({"name": None, "ok": False, "error": why})
             return msgs, obs, format_error
         for c in calls:
-            if st.submitted:
-                out, ok, err = "ignored: already submitted", False, None
+            if st.submitted or st.harness_error:
+                out, ok, err = f"ignored: {'already submitted' if st.submitted else 'the harness failed'}", False, None
             else:
                 out, ok, err = self._call_one(st, c)
                 format_error |= err == "format"
@@ -167,6 +173,10 @@ class AgentLoop:
             return f"error: {e}", False, "format"
         except ToolError as e:
             return f"error: {e}", False, "tool"
+        except Exception as e:  # noqa: BLE001 - not the model's mistake: the step is recorded, then the run ends
+            why = str(e) if isinstance(e, AgentHarnessError) else f"{type(e).__name__}: {e}"
+            st.harness_error = f"tool {c.name!r} failed in the harness: {why}"
+            return f"error: the harness failed running {c.name!r}; the run ends here", False, "harness"
 
     # -- limits, exit, resume -------------------------------------------------
     def _limit_status(self, st, elapsed: float) -> str | None:
@@ -235,6 +245,7 @@ class _State:
         self.prompt_tokens = self.completion_tokens = self.peak = self.events = 0
         self.cost = self.elapsed = 0.0
         self.submitted, self.answer, self.last_checkpoint = False, None, None
+        self.harness_error: str | None = None  # set when a tool failed for a reason that is not the model's
 
     def counters(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("steps", "tool_calls", "format_errors", "consecutive_format_errors",

@@ -1,11 +1,13 @@
 """Task workspaces: a temporary copy of a repository plus a subprocess runner.
 
 THIS IS NOT A SECURITY BOUNDARY. The local sandbox confines the *file tools* to the
-workspace (paths that resolve outside it are refused) and runs commands in a fresh process
-group with a wall-clock timeout, a cap on captured output, `PAGER=cat`, and, where
-`unshare -rn` works, an empty network namespace. A command run through `bash` can still read
-and write anything the user running msa-eval can (including files outside the workspace),
-use all CPU and memory, and leave daemons behind if they escape the process group. Run
+workspace (`ConfinedFS`: paths resolving outside it, symlinks swapped in, hard-linked and
+non-regular files are refused) and runs commands in a fresh process group with a wall-clock
+timeout, a cap on captured output, `PAGER=cat`, and, where `unshare -rn` works, an empty
+network namespace; when the command's shell exits, whatever it left in its process group is
+killed. A command run through `bash` can still read and write anything the user running
+msa-eval can (including files outside the workspace), use all CPU and memory, and leave
+daemons behind if they escape the process group (`setsid`). Run
 untrusted models inside a VM or container. When a working Docker engine is present
 (`docker info` succeeds) `ContainerSandbox` runs the commands in a container instead.
 
@@ -25,10 +27,13 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.confined import ConfinedFS
 from agents.errors import EnvironmentFailure, ToolError
 
 DEFAULT_OUTPUT_CHARS = 16_000  # kept in an observation (head + tail)
 HARD_OUTPUT_BYTES = 64 * 1024 * 1024  # a command printing more than this is killed
+POLL_S = 0.05  # how often a running command is checked for having exited
+DRAIN_S = 1.0  # output still read after the command exited and its process group was killed
 DEFAULT_IMAGE = os.environ.get("MSA_EVAL_SANDBOX_IMAGE", "python:3.11-slim")  # container sandbox image
 
 
@@ -71,7 +76,8 @@ _NET_WRAPPER: list[str] | None = None
 
 def run_command(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float,
                 max_chars: int = DEFAULT_OUTPUT_CHARS, no_network: bool = True) -> CommandResult:
-    """Run `argv` in its own process group; kill the group on timeout or runaway output."""
+    """Run `argv` in its own process group and return when that process exits, with its exit code;
+    the group (background children included) is killed then, and on timeout or runaway output."""
     global _NET_WRAPPER
     if no_network:
         if _NET_WRAPPER is None:
@@ -90,12 +96,20 @@ def run_command(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: floa
     total = 0
     timed_out = limit_hit = False
     fd = proc.stdout.fileno()
+    exited_at = None  # when the command's own process ended
     while True:
-        left = timeout_s - (time.monotonic() - t0)
-        if left <= 0:
+        now = time.monotonic()
+        if exited_at is None and proc.poll() is not None:
+            # the command is done: children it left in its group (`sleep 100 &`) are killed, so the
+            # pipe reaches EOF once the output they already wrote has been read
+            exited_at = now
+            _kill_group(proc)
+        if exited_at is not None and now - exited_at > DRAIN_S:
+            break  # a process outside the group (setsid) still holds the pipe open: stop reading
+        if exited_at is None and now - t0 >= timeout_s:
             timed_out = True
             break
-        ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+        ready, _, _ = select.select([fd], [], [], POLL_S)
         if not ready:
             continue
         chunk = os.read(fd, 1 << 16)
@@ -155,6 +169,7 @@ class Workspace:
         self._tmp = Path(tempfile.mkdtemp(prefix="msa-agent-", dir=parent))
         self.root = self._tmp / "repo"
         self.root.mkdir()
+        self.fs = ConfinedFS(self.root)  # what the file tools may touch
         self.scratch = self._tmp / "scratch"  # harness files (test outcomes), outside the diff
         self.scratch.mkdir()
         self._git_dir = self._tmp / "baseline.git"
@@ -171,13 +186,7 @@ class Workspace:
     # -- paths -----------------------------------------------------------------
     def resolve(self, rel: str) -> Path:
         """The absolute path of `rel` inside the workspace; escapes raise ToolError."""
-        if not isinstance(rel, str) or not rel.strip():
-            raise ToolError("path must be a non-empty string relative to the repository root")
-        p = (self.root / rel).resolve()
-        root = self.root.resolve()
-        if p != root and root not in p.parents:
-            raise ToolError(f"path {rel!r} is outside the workspace; use a path relative to the repository root")
-        return p
+        return self.fs.root.joinpath(*self.fs.locate(rel))
 
     # -- commands --------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -192,17 +201,37 @@ class Workspace:
 
     # -- state -----------------------------------------------------------------
     def _git(self, *args: str) -> str:
+        return self._git_bytes(*args).decode("utf-8", "replace")
+
+    def _git_bytes(self, *args: str | bytes) -> bytes:
         r = subprocess.run(["git", f"--git-dir={self._git_dir}", f"--work-tree={self.root}", *args],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, timeout=120)
         if r.returncode != 0:
-            raise EnvironmentFailure(f"git {args[0]} failed in the workspace: {r.stderr.strip()[:300]}")
+            err = r.stderr.decode("utf-8", "replace").strip()[:300]
+            raise EnvironmentFailure(f"git {os.fsdecode(args[0])} failed in the workspace: {err}")
         return r.stdout
 
     def diff(self, exclude: list[str] | None = None) -> str:
-        """Unified diff (binary-safe) of the workspace against the baseline."""
+        """Unified diff (binary-safe) of the workspace against the baseline. A file that is not
+        UTF-8 (git shows it as text unless it holds a NUL) is diffed as binary, so the patch is text."""
         self._git("add", "-A")
         spec = ["--", "."] + [f":(exclude){p}" for p in (exclude or [])]
-        return self._git("diff", "--cached", "--binary", "HEAD", *spec)
+        raw = self._git_bytes("diff", "--cached", "--binary", "HEAD", *spec)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        names = self._git_bytes("diff", "--cached", "--name-only", "-z", "HEAD", *spec).split(b"\0")
+        bad = [n for n in names if n and not _is_utf8(self.root / os.fsdecode(n))]
+        text = self._git_bytes("diff", "--cached", "--binary", "HEAD", *spec, *[b":(exclude,literal)" + n for n in bad])
+        attrs = self._tmp / "all-binary.attributes"
+        attrs.write_text("* binary\n")
+        binary = self._git_bytes("-c", f"core.attributesFile={attrs}", "diff", "--cached", "--binary", "HEAD", "--",
+                                 *[b":(literal)" + n for n in bad])
+        try:
+            return (text + binary).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EnvironmentFailure(f"the workspace diff is not UTF-8 even with non-UTF-8 files as binary: {e}") from e
 
     def apply(self, patch: str) -> None:
         """Apply a diff made by `diff()` (used to resume and to grade on a fresh copy)."""
@@ -221,6 +250,26 @@ class Workspace:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_utf8(path: Path) -> bool:
+    """Whether the file (or a symlink's target name) is UTF-8, read in bounded chunks; absent: True."""
+    import codecs
+
+    try:
+        if path.is_symlink():
+            os.readlink(os.fsencode(path)).decode("utf-8")
+            return True
+        dec = codecs.getincrementaldecoder("utf-8")("strict")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                dec.decode(chunk)
+        dec.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _default_python() -> str:

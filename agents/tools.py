@@ -3,17 +3,26 @@
 Tools: bash, read_file, write_file, str_replace, search, list_dir, run_tests, submit.
 `submit` is handled by the loop (it ends the episode); the rest act on a `Workspace`.
 A tool the model misuses raises `ToolError`; the loop returns the message as the result.
+The file tools go through `ConfinedFS` (agents/confined.py): bounded reads, atomic writes, no
+escape through `..`, symbolic or hard links. `bash` is not confined (see agents/sandbox.py).
 """
 from __future__ import annotations
 
-import re
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
-from agents.errors import ToolError, ToolFormatError
+from agents.errors import EnvironmentFailure, ToolError, ToolFormatError
 from agents.sandbox import Workspace
 
-MAX_READ_CHARS = 60_000
+MAX_READ_CHARS = 60_000  # of one read_file observation
+MAX_SCAN_BYTES = 256 << 20  # read_file reads at most this far to reach its start line
+MAX_EDIT_BYTES = 16 << 20  # str_replace edits files up to this size
 MAX_SEARCH_HITS = 200
+_CODE_ROOT = Path(__file__).resolve().parent.parent  # where `agents` imports from, for the search worker
 
 
 def spec(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -80,69 +89,76 @@ class WorkspaceTools:
         return getattr(self, f"_{name}")(args)
 
     def _bash(self, a: dict[str, Any]) -> str:
-        return self.ws.run(require(a, "command"), timeout_s=self.timeout).render()
+        command = require(a, "command")
+        if "\x00" in command:
+            raise ToolError("the command contains a NUL byte, which no shell command can hold; remove it")
+        _utf8(command, "command")
+        return self.ws.run(command, timeout_s=self.timeout).render()
 
     def _read_file(self, a: dict[str, Any]) -> str:
-        p = self.ws.resolve(require(a, "path"))
-        if not p.is_file():
-            raise ToolError(f"no such file: {a['path']}")
-        lines = p.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        rel = require(a, "path")
         start = require(a, "start_line", int) if "start_line" in a else 1
-        end = require(a, "end_line", int) if "end_line" in a else len(lines)
-        text = "".join(lines[max(start, 1) - 1:max(end, 0)])
+        end = require(a, "end_line", int) if "end_line" in a else None
+        out, scanned = bytearray(), 0
+        for n, seg in self.ws.fs.lines(rel, 1 << 16):
+            if end is not None and n > end:
+                break
+            scanned += len(seg)
+            if n >= start:
+                out += seg
+                if len(out) > 4 * MAX_READ_CHARS:  # >= MAX_READ_CHARS characters whatever the encoding
+                    break
+            elif scanned > MAX_SCAN_BYTES:
+                raise ToolError(f"line {start} lies beyond the first {MAX_SCAN_BYTES >> 20} MiB of {rel!r}; "
+                                "read_file scans no further: use bash (e.g. tail -c, sed -n) on a file this large")
+        text = out.decode("utf-8", errors="replace")
         if len(text) > MAX_READ_CHARS:
             text = text[:MAX_READ_CHARS] + f"\n...[truncated at {MAX_READ_CHARS} chars; read a line range]"
         return text
 
     def _write_file(self, a: dict[str, Any]) -> str:
-        p = self.ws.resolve(require(a, "path"))
-        content = require(a, "content")
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content, encoding="utf-8")
-        return f"wrote {len(content)} characters to {a['path']}"
+        rel, content = require(a, "path"), require(a, "content")
+        self.ws.fs.write_bytes(rel, _utf8(content, "content"))
+        return f"wrote {len(content)} characters to {rel}"
 
     def _str_replace(self, a: dict[str, Any]) -> str:
-        p = self.ws.resolve(require(a, "path"))
+        rel = require(a, "path")
         old, new = require(a, "old_str"), require(a, "new_str")
-        if not p.is_file():
-            raise ToolError(f"no such file: {a['path']}")
         if not old:
             raise ToolError("old_str must not be empty")
-        text = p.read_text(encoding="utf-8")
+        data = self.ws.fs.read_bytes(rel, MAX_EDIT_BYTES)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ToolError(f"{rel!r} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); str_replace "
+                            "edits UTF-8 text only: use bash (sed, python) for this file") from None
         n = text.count(old)
         if n != 1:
-            raise ToolError(f"old_str occurs {n} times in {a['path']}; it must occur exactly once (add context)")
-        p.write_text(text.replace(old, new, 1), encoding="utf-8")
-        return f"edited {a['path']}"
+            raise ToolError(f"old_str occurs {n} times in {rel}; it must occur exactly once (add context)")
+        self.ws.fs.write_bytes(rel, _utf8(text.replace(old, new, 1), "new_str"))
+        return f"edited {rel}"
 
     def _search(self, a: dict[str, Any]) -> str:
+        """Runs `search_worker` in a subprocess killed at the command timeout (see its docstring)."""
+        req = {"root": str(self.ws.fs.root), "path": a.get("path") or ".", "pattern": require(a, "pattern"),
+               "max_hits": MAX_SEARCH_HITS}
         try:
-            rx = re.compile(require(a, "pattern"))
-        except re.error as e:
-            raise ToolError(f"bad regular expression: {e}") from e
-        base = self.ws.resolve(a.get("path") or ".")
-        files = [base] if base.is_file() else sorted(f for f in base.rglob("*") if f.is_file())
-        hits: list[str] = []
-        root = self.ws.root.resolve()
-        for f in files:
-            if f.suffix in {".pyc", ".pickle"}:
-                continue
-            try:
-                for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
-                    if rx.search(line):
-                        hits.append(f"{f.relative_to(root)}:{i}: {line.strip()[:200]}")
-            except (UnicodeDecodeError, OSError):
-                continue
-            if len(hits) >= MAX_SEARCH_HITS:
-                hits.append(f"...[stopped at {MAX_SEARCH_HITS} hits; narrow the pattern or path]")
-                break
-        return "\n".join(hits) if hits else "no matches"
+            r = subprocess.run([sys.executable, "-m", "agents.search_worker"], input=json.dumps(req).encode(),
+                               capture_output=True, timeout=self.timeout, cwd=_CODE_ROOT, env=_worker_env())
+        except subprocess.TimeoutExpired:
+            raise ToolError(f"search did not finish within the {self.timeout:g} s command timeout; simplify the "
+                            "pattern (nested quantifiers such as (a+)+ backtrack exponentially) or narrow the path") from None
+        except OSError as e:
+            raise EnvironmentFailure(f"cannot start the search worker: {e}") from e
+        err = r.stderr.decode("utf-8", "replace").strip()
+        if r.returncode == 3:
+            raise ToolError(err)
+        if r.returncode != 0:
+            raise EnvironmentFailure(f"the search worker failed (exit {r.returncode}): {err[-300:]}")
+        return r.stdout.decode("utf-8", "replace").rstrip("\n")
 
     def _list_dir(self, a: dict[str, Any]) -> str:
-        p = self.ws.resolve(a.get("path") or ".")
-        if not p.is_dir():
-            raise ToolError(f"not a directory: {a.get('path')}")
-        names = sorted((c.name + ("/" if c.is_dir() else "")) for c in p.iterdir() if c.name != "__pycache__")
+        names = [n for n in self.ws.fs.list_dir(a.get("path") or ".") if n != "__pycache__/"]
         return "\n".join(names) if names else "(empty)"
 
     def _run_tests(self, a: dict[str, Any]) -> str:
@@ -150,3 +166,16 @@ class WorkspaceTools:
         if sel is not None and not isinstance(sel, str):
             raise ToolError("argument 'selection' must be a string")
         return self._tests_fn(sel)
+
+
+def _utf8(text: str, key: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolError(f"argument {key!r} is not valid Unicode (a lone surrogate at index {e.start}); "
+                        "resend it as plain UTF-8 text") from None
+
+
+def _worker_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "PYTHONSTARTUP")}
+    return {**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8:backslashreplace"}
