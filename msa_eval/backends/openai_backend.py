@@ -2,8 +2,9 @@
 
 Built on the official `openai` client (`AsyncOpenAI`, its own retries off). What it adds:
   * API key from the environment variable named by `api_key_env`, read when the client is
-    made; it is never stored in the config, `describe()`, results or the cache. Local base
-    URLs (127.0.0.1, localhost) work without one.
+    made; it is never stored in the config, `describe()`, results or the cache, and its value
+    is scrubbed from every error message (`redact.py`: endpoints may echo it in error bodies).
+    Local base URLs (127.0.0.1, localhost) work without one.
   * At most `max_concurrency` requests in flight; retries with exponential backoff and
     jitter on 429, 5xx, timeouts and connection errors (`retry.py`); `timeout_s` bounds each
     attempt end to end.
@@ -36,6 +37,7 @@ from msa_eval.backends.base import BackendError, ChatResponse, GenRequest, GenRe
 from msa_eval.backends.cache import ResponseCache, request_key
 from msa_eval.backends.openai_calls import call_once
 from msa_eval.backends.pricing import PriceTable
+from msa_eval.backends.redact import redact
 from msa_eval.backends.retry import RetryPolicy, with_retries
 
 
@@ -94,6 +96,7 @@ class OpenAIBackend:
         self._cache = ResponseCache(config.cache_dir) if config.cache_dir else None
         self._policy = RetryPolicy(config.max_retries, config.backoff_initial_s, config.backoff_max_s)
         self._client: openai.AsyncOpenAI | None = None
+        self._key: str | None = None  # the key's value, only to scrub it from error text
         self._sem: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -111,7 +114,8 @@ class OpenAIBackend:
 
     def _ensure(self) -> None:
         if self._client is None:
-            self._client = openai.AsyncOpenAI(api_key=self._api_key(), base_url=self.cfg.base_url,
+            self._key = self._api_key()
+            self._client = openai.AsyncOpenAI(api_key=self._key, base_url=self.cfg.base_url,
                                               max_retries=0, timeout=self.cfg.timeout_s)
             self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
 
@@ -163,21 +167,25 @@ class OpenAIBackend:
         async with self._sem:  # type: ignore[union-attr]
             try:
                 out = await with_retries(attempt, self._policy, on_retry)
-            except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as e:
-                raise EndpointConfigError(f"{self.cfg.base_url} refused the request ({e.status_code}): {_message(e)}; "
-                                          f"check the key in {self.cfg.api_key_env} and the model id {self.cfg.model!r}") from e
-            except openai.BadRequestError as e:
-                msg = _message(e)
-                if any(h in msg.lower() for h in _CONTEXT_HINTS):
-                    raise ContextLimitError(f"{self.cfg.model}: {msg}") from e
-                raise BackendError(f"{self.cfg.base_url} rejected the request (400): {msg}") from e
-            except Exception as e:
-                raise BackendError(f"{self.cfg.base_url} failed after {self.cfg.max_retries} retries: "
-                                   f"{type(e).__name__}: {_message(e)}") from e
+            except Exception as e:  # the provider's text (it may echo the key) is not chained along
+                raise self._backend_error(e) from None
         out["cost_usd"] = self._prices.cost(self.cfg.model, out["prompt_tokens"], out["completion_tokens"])
         if self._cache is not None:
             self._cache.put(key, out)
         return {**out, "cached": False}
+
+    def _backend_error(self, e: Exception) -> BackendError:
+        """The one place a provider failure becomes a BackendError; its message is redacted."""
+        msg = redact(_message(e), self._key, self.cfg.api_key_env)
+        if isinstance(e, (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)):
+            return EndpointConfigError(f"{self.cfg.base_url} refused the request ({e.status_code}): {msg}; "
+                                       f"check the key in {self.cfg.api_key_env} and the model id {self.cfg.model!r}")
+        if isinstance(e, openai.BadRequestError):
+            if any(h in msg.lower() for h in _CONTEXT_HINTS):
+                return ContextLimitError(f"{self.cfg.model}: {msg}")
+            return BackendError(f"{self.cfg.base_url} rejected the request (400): {msg}")
+        return BackendError(f"{self.cfg.base_url} failed after {self.cfg.max_retries} retries: "
+                            f"{type(e).__name__}: {msg}")
 
     def _sampling(self, max_tokens: int, temperature: float, top_p: float | None = None,
                   stop: list[str] | None = None, seed: int | None = None) -> dict[str, Any]:

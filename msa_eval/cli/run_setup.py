@@ -96,6 +96,9 @@ def _suite(a: RunArgs) -> SuiteConfig:
 
 
 def prepare(a: RunArgs) -> Prepared:
+    conc = a.concurrency if a.concurrency is not None else (1 if a.backend == "local" else 8)
+    if conc < 1:  # 0 is no request per batch, never "the default"; checked before anything loads
+        raise ConfigError(f"--concurrency must be >= 1, got {conc}")
     suite = _suite(a)
     validate_tasks(suite)  # unknown task names fail before any model file is touched
     backends = _backends(a, suite)
@@ -105,9 +108,6 @@ def prepare(a: RunArgs) -> Prepared:
     lengths = suite.lengths or default_lengths(info["max_context"])
     check_lengths(tuple(sorted({*lengths, *(n for t in suite.tasks for n in t.lengths)})), max_ctx)
     suite = replace(suite, lengths=lengths)
-    conc = a.concurrency or (1 if a.backend == "local" else 8)
-    if conc < 1:
-        raise ConfigError("--concurrency must be >= 1")
     cfg = RunConfig(suite, backends, reference_model=f"{info['model_id']}:{info['fingerprint'][:16]}",
                     concurrency=conc)
     plan = build_plan(suite, lengths, tok, limit=a.limit)
