@@ -1,10 +1,13 @@
 """Agent test fixtures: one small generated suite per session (real stdlib sources, validated),
-with the suite cache in a temporary directory."""
+with the suite cache in a temporary directory; counts the fuzz tests fill, printed in the summary."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
+
+FUZZ_COUNTS = pytest.StashKey[dict]()
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +38,19 @@ def small_tasks(agent_cache):
 @pytest.fixture()
 def d_task(small_tasks):
     return small_tasks["D"][0]
+
+
+@pytest.fixture()
+def fuzz_counts(request) -> Counter:
+    """A Counter the calling fuzz test fills (examples, calls, tool errors, other exceptions);
+    printed in the terminal summary, so CI logs show what was tried without -s."""
+    table = request.config.stash.setdefault(FUZZ_COUNTS, {})
+    return table.setdefault(request.node.name, Counter())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    table = config.stash.get(FUZZ_COUNTS, {})
+    if table:
+        terminalreporter.write_sep("-", "agent tool fuzz counts")
+        for name, counts in table.items():
+            terminalreporter.write_line(f"{name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
