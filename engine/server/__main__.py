@@ -19,11 +19,13 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--max-body-bytes", type=int, default=None)
     ap.add_argument("--device", default=None)
     ap.add_argument("--log-level", default="warning")
     a = ap.parse_args()
     config = ServerConfig(model=a.model, attention=a.attention, host=a.host, port=a.port, max_batch=a.max_batch,
-                          max_queue=a.max_queue, max_model_len=a.max_model_len, device=a.device)
+                          max_queue=a.max_queue, max_model_len=a.max_model_len, device=a.device,
+                          max_body_bytes=a.max_body_bytes)
     uvicorn.run(create_app(config), host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=5)
 
 

@@ -13,13 +13,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from engine.server.async_engine import AsyncEngine, QueueFullError
+from engine.server.bodylimit import BodyLimit, default_max_body_bytes
 from engine.server.chat import chat_completions
 from engine.server.completions import completions
 from engine.server.config import ServerConfig
 from engine.server.errors import ApiError
 from engine.server.generation import ClientDisconnected
+from engine.server.jsonguard import MAX_JSON_DEPTH, RequestError
 from engine.server.metrics import ServerMetrics, kv_cache_usage
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from engine.server.state import ServingState
@@ -31,11 +34,41 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     e = errors[0]
+    cause = (e.get("ctx") or {}).get("error")
+    if isinstance(cause, RequestError):
+        return str(cause), cause.param
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     if e.get("type") == "json_invalid":
         return f"request body is not valid JSON: {e.get('msg')}", None
     where = ".".join(loc) or "body"
     return f"invalid request: {where}: {e.get('msg')}", (loc[0] if loc else None)
+
+
+_ROUTES = "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics"
+
+
+def _http_error(request: Request, exc: HTTPException) -> ApiError:
+    """Framework errors (unknown route, wrong method, unparseable body) in the OpenAI shape."""
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        return ApiError(404, f"no route {request.method} {request.url.path}; this server serves {_ROUTES}",
+                        code="unknown_url")
+    if exc.status_code == 405:
+        allowed = headers.get("Allow") or headers.get("allow") or "another method"
+        return ApiError(405, f"method {request.method} is not allowed on {request.url.path}; use {allowed}",
+                        code="method_not_allowed", headers=headers)
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        why = f"it is nested too deeply (at most {MAX_JSON_DEPTH} levels of arrays and objects are accepted)"
+    elif isinstance(cause, UnicodeDecodeError):
+        why = f"it is not UTF-8 ({cause.reason} at byte {cause.start})"
+    elif cause is not None:
+        why = f"{type(cause).__name__}: {cause}"
+    else:
+        why = str(exc.detail)
+    if exc.status_code == 400:
+        return ApiError(400, f"request body could not be parsed as JSON: {why}; send a UTF-8 JSON object")
+    return ApiError(exc.status_code, f"{exc.detail}", headers=headers)
 
 
 def _on_step(metrics: ServerMetrics):
@@ -80,6 +113,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics),
                          on_abort=metrics.aborted.inc)
     state = ServingState.build(llm, bridge, metrics, config.served_model_names)
+    _ = state.max_prompt_chars  # scans the vocabulary once, at startup
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -90,29 +124,35 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="msa-eval OpenAI-compatible server", lifespan=lifespan)
     app.state.serving = state
 
-    app.add_middleware(_RequestMetrics, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes or default_max_body_bytes(state.max_model_len))
+    app.add_middleware(_RequestMetrics, metrics=metrics)  # outermost: counts the 413s too
 
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(_: Request, exc: ApiError) -> Response:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(_: Request, exc: RequestValidationError) -> Response:
         message, param = _validation_message(exc)
         return ApiError(400, message, param=param).response()
 
+    @app.exception_handler(HTTPException)
+    async def framework(request: Request, exc: HTTPException) -> Response:
+        return _http_error(request, exc).response()
+
     @app.exception_handler(QueueFullError)
-    async def full(_: Request, exc: QueueFullError) -> JSONResponse:
+    async def full(_: Request, exc: QueueFullError) -> Response:
         return ApiError(429, f"{exc}; retry later or start the server with a larger --max-queue",
-                        code="queue_full").response()
+                        code="queue_full", headers={"Retry-After": "1"}).response()
 
     @app.exception_handler(ClientDisconnected)
     async def gone(_: Request, exc: ClientDisconnected) -> Response:
         return Response(status_code=499)
 
     @app.exception_handler(Exception)
-    async def crash(_: Request, exc: Exception) -> JSONResponse:
-        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    async def crash(_: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this response and the server drops the connection: say so
+        return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", headers={"Connection": "close"}).response()
 
     @app.get("/health")
     async def health() -> Response:

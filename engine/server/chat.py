@@ -6,6 +6,7 @@ Without tools, text deltas are sent as soon as they are safe (see textstream).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -41,7 +42,7 @@ def _finish(parsed: ParsedOutput, gen: Generation) -> str:
 async def chat_completions(req: ChatCompletionRequest, http_request: Request, state: ServingState):
     state.check_model(req.model)
     reject_unsupported(req)
-    prompt_ids = state.encode(state.render_chat(req))
+    prompt_ids = await asyncio.to_thread(state.chat_prompt_ids, req)  # off the event loop: long prompts take a while
     max_new = state.check_length(len(prompt_ids), req.max_new_tokens())
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     gen = Generation(state, request_id, prompt_ids, state.sampling_params(req, max_new), req.stop_strings())

@@ -27,13 +27,21 @@ from engine.server.state import ServingState, reject_unsupported
 
 
 def _prompts(req: CompletionRequest, state: ServingState) -> list[list[int]]:
+    """The request's prompts as token ids (blocking: tokenises; call through `asyncio.to_thread`)."""
     p = req.prompt
+    many = isinstance(p, list) and bool(p) and not isinstance(p[0], int)  # list[str] or list[list[int]]
+    count = len(p) if many else int(bool(p))
+    capacity = state.engine.capacity
+    if count > capacity:  # could never be admitted at once: not a 429 "retry later"
+        raise ApiError(400, f"this request has {count} prompts, but the server admits at most {capacity} requests at "
+                            f"once (--max-batch + --max-queue); send at most {capacity} prompts per request",
+                       param="prompt", code="too_many_prompts")
     if isinstance(p, str):
-        prompts = [state.encode(p, add_special_tokens=True)]
+        prompts = [state.prompt_ids(p, True, "prompt")]
     elif not p:
         prompts = []
     elif isinstance(p[0], str):
-        prompts = [state.encode(s, add_special_tokens=True) for s in p]  # type: ignore[arg-type]
+        prompts = [state.prompt_ids(s, True, "prompt") for s in p]  # type: ignore[arg-type]
     elif isinstance(p[0], int):
         prompts = [list(p)]  # type: ignore[arg-type]
     else:
@@ -83,7 +91,7 @@ async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_i
 async def completions(req: CompletionRequest, http_request: Request, state: ServingState):
     state.check_model(req.model)
     reject_unsupported(req)
-    prompts = _prompts(req, state)
+    prompts = await asyncio.to_thread(_prompts, req, state)  # off the event loop: long prompts take a while
     max_new = [state.check_length(len(p), req.max_tokens) for p in prompts]
     if req.stream:
         if len(prompts) != 1 or req.echo or req.logprobs is not None:

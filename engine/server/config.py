@@ -16,9 +16,12 @@ class ServerConfig:
     device: str | None = None
     dtype: str | None = None
     served_model_names: tuple[str, ...] = field(default_factory=tuple)  # extra names accepted in `model`
+    max_body_bytes: int | None = None  # request-body cap; None: derived from the context length (bodylimit)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {self.max_batch} and {self.max_queue}")
+        if self.max_body_bytes is not None and self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")

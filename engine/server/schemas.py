@@ -3,19 +3,36 @@
 Only the fields the server honours are declared; unknown fields that clients commonly send
 (`user`, `metadata`, ...) are ignored. Fields we cannot honour (n > 1, penalties, logit_bias,
 suffix) are declared so that a non-default value is rejected with a 400 instead of silently
-ignored (see `reject_unsupported`).
+ignored (see `reject_unsupported`). Types are strict, as OpenAI's are: `"5"` is not an integer
+and `"yes"` not a boolean (an integer is still accepted for a float). Every request body also
+passes `jsonguard.check_json` (nesting depth, lone surrogates) before its fields are validated.
 """
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.server.jsonguard import RequestError, check_json
 
 _NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+_INT64 = 2**63
 
 
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Request parts: unknown fields ignored, known ones strictly typed (no str -> int/bool coercion)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class RequestBody(_Lenient):
+    """A whole request body: checked by `check_json` before any field is validated."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guard(cls, data: Any) -> Any:
+        check_json(data)
+        return data
 
 
 # ---------------------------------------------------------------- errors
@@ -101,12 +118,12 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class _SamplingFields(_Lenient):
+class _SamplingFields(RequestBody):
     model: str
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-_INT64, lt=_INT64)  # torch generators take any int64
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -135,10 +152,47 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChatCompletionRequest":
+        """What OpenAI refuses with a 400 although each field is valid on its own."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        _check_tool_choice(self.tool_choice, self.tools)
+        _check_tool_messages(self.messages)
+        return self
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _check_tool_choice(choice: Any, tools: list[ToolSpec] | None) -> None:
+    names = {t.function.name for t in tools or []}
+    if isinstance(choice, ToolChoiceFunction) and choice.function.name not in names:
+        where = f"which is not among tools {sorted(names)}" if names else "but no tools are given"
+        raise RequestError(f"tool_choice names the function {choice.function.name!r}, {where}; add it to tools "
+                           f"or name one of them", param="tool_choice")
+    if choice == "required" and not names:
+        raise RequestError("tool_choice 'required' needs tools; give tools or leave tool_choice out", param="tool_choice")
+
+
+def _check_tool_messages(messages: list[ChatMessage]) -> None:
+    """A `tool` message answers a call of the assistant message before it (other tool results may sit between)."""
+    open_ids: set[str] | None = None
+    for i, m in enumerate(messages):
+        if m.role == "assistant":
+            open_ids = {c.id for c in m.tool_calls} if m.tool_calls else None
+        elif m.role != "tool":
+            open_ids = None
+        elif open_ids is None:
+            raise RequestError(f"messages[{i}] has role 'tool' but does not follow an assistant message with "
+                               f"tool_calls; send the assistant message that made the call before its result",
+                               param="messages")
+        elif m.tool_call_id is not None and m.tool_call_id not in open_ids:
+            raise RequestError(f"messages[{i}].tool_call_id {m.tool_call_id!r} matches no tool call of the assistant "
+                               f"message before it (ids {sorted(open_ids)})", param="messages")
 
 
 class CompletionRequest(_SamplingFields):

@@ -31,6 +31,15 @@ class ServingState:
         return int(self.llm.max_model_len)
 
     @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """Characters beyond which a text cannot fit the context: every token covers at most the
+        longest vocabulary entry's characters (a byte-level or SentencePiece entry spells at least
+        the characters it covers), so such text is refused without tokenising it."""
+        tok = self.llm.tokenizer
+        longest = max(len(tok.id_to_token(i) or "") for i in range(tok.vocab_size))
+        return self.max_model_len * max(longest, 1)
+
+    @functools.cached_property
     def native_tools(self) -> bool:
         """Whether the chat template renders `tools` itself (else the Hermes prompt convention is used)."""
         return template_supports_tools(getattr(self.llm.tokenizer, "chat_template", None))
@@ -55,8 +64,28 @@ class ServingState:
         return max_new
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Text -> ids the way `LLM.generate` does: chats without, plain prompts with special tokens (BOS)."""
+        """Text -> ids the way `LLM.generate` does: chats without, plain prompts with special tokens (BOS).
+        Blocking (long texts take a while): the routes call it through `asyncio.to_thread`."""
         return list(self.llm.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def prompt_ids(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """`encode` for a prompt that must fit the context: text that cannot fit is refused before tokenising."""
+        if len(text) > self.max_prompt_chars:
+            raise ApiError(400, f"this model's maximum context length is {self.max_model_len} tokens, and the prompt "
+                                f"has {len(text)} characters, more than that many tokens can hold; shorten the prompt",
+                           param=param, code="context_length_exceeded")
+        return self.encode(text, add_special_tokens)
+
+    def chat_prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """Render the chat and tokenise it (blocking: call through `asyncio.to_thread`)."""
+        return self.prompt_ids(self.render_chat(req), False, "messages")
+
+    def apply_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       add_generation_prompt: bool = True) -> str:
+        try:
+            return self.llm.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # a template that rejects the conversation (e.g. role order)
+            raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from e
 
     def render_chat(self, req: ChatCompletionRequest) -> str:
         """Chat messages (+ tools) -> prompt text through the model's chat template."""
@@ -71,14 +100,10 @@ class ServingState:
                 d["name"] = m.name
             messages.append(d)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        # (tool_choice naming a function outside tools is refused by the request model)
         choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else (req.tool_choice or "auto")
-        if isinstance(choice, dict) and tools and choice["function"]["name"] not in {t["function"]["name"] for t in tools}:
-            raise ApiError(400, f"tool_choice names {choice['function']['name']!r}, which is not in tools", param="tool_choice")
         messages, tools = messages_for_template(messages, tools, choice, self.native_tools)
-        try:
-            return self.llm.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-        except Exception as e:  # a template that rejects the conversation (e.g. role order)
-            raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from e
+        return self.apply_template(messages, tools)
 
     def sampling_params(self, req: ChatCompletionRequest | CompletionRequest, max_new: int) -> Any:
         from engine import SamplingParams

@@ -1,27 +1,29 @@
 """Tokenizer endpoints in vLLM's shape, which lm-eval's `tokenizer_backend=remote` uses:
-GET /tokenizer_info, POST /tokenize ({"prompt"} or {"messages"}), POST /detokenize."""
+GET /tokenizer_info, POST /tokenize ({"prompt"} or {"messages"}), POST /detokenize.
+
+/tokenize takes text longer than the context (lm-eval tokenises long documents to truncate
+them); the body-size limit bounds it. Tokenising runs in a worker thread, off the event loop."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from engine.server.errors import ApiError
-from engine.server.schemas import ChatMessage
+from engine.server.schemas import ChatMessage, RequestBody
 from engine.server.state import ServingState
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TokenizeRequest(RequestBody):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class DetokenizeRequest(RequestBody):
     tokens: list[int] = Field(min_length=0)
 
 
@@ -40,10 +42,11 @@ def tokenizer_router(state: ServingState) -> APIRouter:
         if (req.prompt is None) == (req.messages is None):
             raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
         if req.prompt is not None:
-            ids = state.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = await asyncio.to_thread(state.encode, req.prompt, req.add_special_tokens)
         else:
             msgs = [{"role": m.role, "content": m.text()} for m in req.messages or []]
-            ids = state.encode(tok.apply_chat_template(msgs, add_generation_prompt=req.add_generation_prompt))
+            text = await asyncio.to_thread(state.apply_template, msgs, None, req.add_generation_prompt)
+            ids = await asyncio.to_thread(state.encode, text)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
     @router.post("/detokenize")
@@ -51,6 +54,6 @@ def tokenizer_router(state: ServingState) -> APIRouter:
         vocab = tok.vocab_size
         if any(not 0 <= t < vocab for t in req.tokens):
             raise ApiError(400, f"token ids must lie in 0..{vocab - 1}", param="tokens")
-        return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
+        return {"prompt": await asyncio.to_thread(tok.decode, req.tokens, False)}
 
     return router

@@ -16,13 +16,16 @@ from msa_eval.errors import MsaEvalError
 @click.option("--max-queue", default=64, show_default=True, type=int,
               help="Requests admitted beyond --max-batch before the server answers 429.")
 @click.option("--max-model-len", default=None, type=int, help="Context limit (default: the model's).")
+@click.option("--max-body-bytes", default=None, type=int,
+              help="Largest request body accepted (default: 64 bytes per context token + 256 KiB).")
 @click.option("--device", default=None, help="cpu | cuda (default: cuda when available).")
 @click.option("--served-model-name", "served_names", multiple=True,
               help="Extra name accepted in the request's `model` field (repeatable).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model: str, attention: str, host: str, port: int, max_batch: int, max_queue: int,
-          max_model_len: int | None, device: str | None, served_names: tuple[str, ...], log_level: str) -> None:
+          max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
+          log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""
     import uvicorn
 
@@ -33,7 +36,7 @@ def serve(model: str, attention: str, host: str, port: int, max_batch: int, max_
     try:
         config = ServerConfig(model=model, attention=attention, host=host, port=port, max_batch=max_batch,
                               max_queue=max_queue, max_model_len=max_model_len, device=device,
-                              served_model_names=served_names)
+                              served_model_names=served_names, max_body_bytes=max_body_bytes)
         app = create_app(config)
     except ValueError as e:
         raise MsaEvalError(f"bad serve option: {e}") from e
