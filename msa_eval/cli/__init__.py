@@ -32,22 +32,36 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(cli)
 
 
-def main() -> None:
-    """Console entry point: harness errors become one red line and exit code 1."""
-    from engine.errors import EngineError
+def _harness_errors() -> tuple[type[BaseException], ...]:
+    """The error types that become one line. EngineError counts only once the engine is
+    loaded (importing it pulls in torch: seconds that `report` or `tasks` never need)."""
+    from msa_eval.backends.base import BackendError
     from msa_eval.errors import MsaEvalError
+
+    engine_errors = sys.modules.get("engine.errors")
+    return (MsaEvalError, BackendError) + ((engine_errors.EngineError,) if engine_errors else ())
+
+
+def main() -> None:
+    """Console entry point: bad flags and harness errors become one red line on stderr and a
+    non-zero exit (2), never a traceback; Ctrl-C exits 130."""
+    from msa_eval.display import error_line
 
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
-    except click.ClickException as e:
-        e.show()
+    except click.exceptions.Exit as e:  # --help, --version
         sys.exit(e.exit_code)
-    except (MsaEvalError, EngineError) as e:
-        from msa_eval.display import error_line
-
-        error_line(str(e))
-        sys.exit(2)
+    except click.ClickException as e:  # click prints usage + hint + message: we print one line
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        error_line(e.format_message() + hint)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:
+        if not isinstance(e, _harness_errors()):
+            raise
+        error_line(str(e))
+        sys.exit(2)

@@ -66,13 +66,14 @@ def _backend_opts(f):
         click.option("--base-url", default=None, help="openai backend base URL (.../v1)."),
         click.option("--suite", default="default", show_default=True, help="Agent suite in configs/agents.yaml."),
         click.option("--config", "config_path", type=click.Path(path_type=Path), default=None, help="Suite YAML."),
-        click.option("--max-steps", type=int, default=None, help="Override the task's step limit."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Override the task's step limit."),
         click.option("--context-policy", type=click.Choice(["none", "truncate-observations", "summarize"]), default="none", show_default=True),
-        click.option("--context-window", type=int, default=None, help="Tokens the model accepts (default 131072)."),
+        click.option("--context-window", type=click.IntRange(min=1), default=None, help="Tokens the model accepts (default 131072)."),
         click.option("--tool-mode", type=click.Choice(["native", "text"]), default="native", show_default=True),
-        click.option("--max-output-tokens", type=int, default=1024, show_default=True),
-        click.option("--max-wall-s", type=float, default=None), click.option("--max-cost-usd", type=float, default=None),
-        click.option("--max-total-tokens", type=int, default=None),
+        click.option("--max-output-tokens", type=click.IntRange(min=1), default=1024, show_default=True),
+        click.option("--max-wall-s", type=click.FloatRange(min=0, min_open=True), default=None),
+        click.option("--max-cost-usd", type=click.FloatRange(min=0, min_open=True), default=None),
+        click.option("--max-total-tokens", type=click.IntRange(min=1), default=None),
         click.option("--sandbox", type=click.Choice(["auto", "local", "docker"]), default="auto", show_default=True,
                      help="auto: Docker when `docker info` works and the image is present, else local."),
         click.option("--tokenizer", default=None,
@@ -157,7 +158,7 @@ def list_cmd(suite, config_path, regenerate, as_json) -> None:
 @click.option("--resume", "resume", is_flag=True, help="Continue the trajectory at --out.")
 @click.option("--source", type=click.Path(path_type=Path), default=None,
               help="Family A from your own repository (a directory with test_*.py files) instead of the suite.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Generator seed with --source.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Generator seed with --source.")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
     """Run one agent task through the loop and grade it."""
@@ -182,13 +183,18 @@ def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
 
 @agent.command("show")
 @click.argument("trajectory", type=click.Path(path_type=Path))
-@click.option("--max-chars", type=int, default=1500, show_default=True, help="Per message.")
+@click.option("--max-chars", type=click.IntRange(min=1), default=1500, show_default=True, help="Per message.")
 @click.option("--json", "as_json", is_flag=True)
 def show_cmd(trajectory, max_chars, as_json) -> None:
     """A readable transcript of a trajectory file."""
+    from agents.errors import AgentHarnessError
     from agents.trajectory import read_trajectory
 
-    t = read_trajectory(trajectory)
+    try:
+        t = read_trajectory(trajectory)
+    except UnicodeDecodeError:
+        raise AgentHarnessError(f"{trajectory} is not UTF-8 text, so it is not an msa-eval trajectory: "
+                                "pass the .jsonl file written by `agent run`") from None
     if as_json:
         display.print_json({"header": t.header, "steps": t.steps, "events": t.events, "result": t.result})
     else:
@@ -197,9 +203,9 @@ def show_cmd(trajectory, max_chars, as_json) -> None:
 
 @click.command("agents")
 @_backend_opts
-@click.option("--concurrency", type=int, default=1, show_default=True, help="Tasks in flight.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True, help="Tasks in flight, >= 1.")
 @click.option("--families", default=None, help="Only these families, e.g. A,B.")
-@click.option("--limit", type=int, default=None, help="At most N tasks.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N tasks (>= 1).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/agents-<suite>-<backend>).")
 @click.option("--json", "as_json", is_flag=True)
 def run_agents(concurrency, families, limit, out, as_json, **kw) -> None:

@@ -5,6 +5,8 @@ import click
 
 from msa_eval import display
 
+SEED_MAX = 2**63 - 1  # torch generators take a signed 64-bit seed
+
 
 def register(group: click.Group) -> None:
     group.add_command(generate)
@@ -19,7 +21,7 @@ def register(group: click.Group) -> None:
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--seed", default=None, type=int)
+@click.option("--seed", default=None, type=click.IntRange(0, SEED_MAX), help="Sampling seed, 0..2**63-1.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--weights", type=click.Choice(["fp32", "bf16", "q4"]), default=None,
@@ -29,11 +31,20 @@ def register(group: click.Group) -> None:
 def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top_k, seed, stop, device, weights,
              as_json):
     """Generate a completion for PROMPT."""
+    from msa_eval.errors import MsaEvalError
+
+    if not prompt:
+        raise MsaEvalError('PROMPT is empty: give the text to continue, e.g. msa-eval generate "Once upon a time"')
+    if any(s == "" for s in stop):
+        raise MsaEvalError("--stop got an empty string (it would stop before the first token): give a non-empty stop string")
     from engine import LLM, SamplingParams
 
+    try:  # checked before the model loads
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                seed=seed, stop=list(stop))
+    except ValueError as e:
+        raise MsaEvalError(f"bad sampling option: {e}") from None
     llm = LLM(model, attention=attention, device=device, weights=weights)
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seed, stop=list(stop))
     text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = llm.tokenizer.encode(text, add_special_tokens=not chat)
     eng = llm.engine

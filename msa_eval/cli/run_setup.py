@@ -9,6 +9,7 @@ from msa_eval.runner.config import (
     BackendSpec, ConfigError, RunConfig, SuiteConfig, TaskEntry, load_suite, parse_backend_opts,
     parse_lengths,
 )
+from msa_eval.runner.manifest import check_run_dir
 from msa_eval.runner.plan import PlannedTask, build_plan, validate_tasks
 from msa_eval.runner.reference import check_lengths, default_lengths, load_reference_tokenizer
 
@@ -99,6 +100,8 @@ def prepare(a: RunArgs) -> Prepared:
     conc = a.concurrency if a.concurrency is not None else (1 if a.backend == "local" else 8)
     if conc < 1:  # 0 is no request per batch, never "the default"; checked before anything loads
         raise ConfigError(f"--concurrency must be >= 1, got {conc}")
+    if a.out is not None:
+        check_run_dir(a.out)
     suite = _suite(a)
     validate_tasks(suite)  # unknown task names fail before any model file is touched
     backends = _backends(a, suite)

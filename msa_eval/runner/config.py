@@ -122,7 +122,11 @@ def parse_backend_opts(items: tuple[str, ...]) -> dict[str, Any]:
         k, sep, v = it.partition("=")
         if not sep or not k.strip():
             raise ConfigError(f"bad --backend-opt {it!r}: use key=value, e.g. max_retries=0")
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"bad --backend-opt {it!r}: the value is not a YAML scalar; quote it, "
+                              f"e.g. {k.strip()}='\"{v}\"'") from None
     return out
 
 
@@ -161,4 +165,8 @@ def load_suite(name_or_path: str) -> SuiteConfig:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (not UTF-8): pass a YAML suite") from None
+    if not isinstance(data, (dict, type(None))):
+        raise ConfigError(f"{p}: a suite is a YAML mapping (name, tasks, lengths, ...), got {type(data).__name__}")
     return suite_from_dict(data or {}, str(p))

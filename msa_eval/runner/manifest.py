@@ -69,12 +69,20 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
         raise ConfigError(f"{p} is not valid JSON: remove the run directory or pick another --out") from None
 
 
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a path that cannot hold this run (a file, a folder of other things); cheap, so the
+    CLI calls it before loading anything."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is a file, not a run directory: pick another --out")
+    if run_dir.is_dir() and not (run_dir / MANIFEST).exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"{run_dir} exists and is not an msa-eval run directory: pick another --out")
+
+
 def open_run_dir(run_dir: Path, cfg: RunConfig, reference: dict[str, Any]) -> dict[str, Any]:
     """Create or reopen `run_dir` for `cfg`; refuse a directory made by another config."""
+    check_run_dir(run_dir)
     old = read_manifest(run_dir)
     if old is None:
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise ConfigError(f"{run_dir} exists and is not an msa-eval run directory: pick another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
         m = new_manifest(cfg, reference)
         atomic_write_json(run_dir / MANIFEST, m)
