@@ -1,7 +1,9 @@
 """`LLM`: the offline API. Load a model (built-in name, HF directory or .gguf), pick the
 attention (`dense`, `msa`, `msa-ref`) and, on a CPU, the weight mode (`weights`: "fp32" exact,
 the default; "bf16"; "q4" = the GGUF's 4-bit codes; `engine.cpu_weights`), and `generate` for
-prompts, chats or token ids."""
+prompts, chats or token ids; `prompt_logprobs` scores token ids (a score-only engine request).
+A request the engine ended with an error raises that error from `generate` (the other requests
+of the call are aborted: the offline caller owns them all)."""
 from __future__ import annotations
 
 import itertools
@@ -13,13 +15,14 @@ import torch
 
 from engine.attention import ATTENTION_KINDS, DenseAttention
 from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
-from engine.errors import ContextTooLongError, EngineError
+from engine.errors import EngineError
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
 from engine.llm_engine import LLMEngine
 from engine.loader import load
 from engine.model import CausalLM
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledChunk, SchedulerConfig
+from engine.scheduler import SchedulerConfig
+from engine.scoring import LogprobRow
 from engine.sequence import Sequence
 
 
@@ -31,6 +34,8 @@ class RequestOutput:
     text: str
     finish_reason: str | None
     metrics: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[LogprobRow] | None = None  # per generated token (SamplingParams.logprobs)
+    prompt_logprobs: list[LogprobRow] | None = None  # per prompt token, the first (None, {}) (prompt_logprobs)
 
 
 def default_device() -> torch.device:
@@ -141,6 +146,8 @@ class LLM:
         try:
             while self.engine.has_unfinished():
                 for out in self.engine.step():
+                    if out.error is not None:
+                        raise self.engine.pop_finished(out.request_id).error
                     if out.finished and bar is not None:
                         bar.update(1)
         except BaseException:
@@ -150,45 +157,24 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
-        return [self._output(self.engine.pop_finished(s.request_id)) for s in seqs]
+        done = [self.engine.pop_finished(s.request_id) for s in seqs]
+        return [self._output(s) for s in done]
 
     def _output(self, seq: Sequence) -> RequestOutput:
+        """A finished request's output; one the engine ended with an error raises that error."""
+        if seq.error is not None:
+            raise seq.error
         text = self.tokenizer.decode(seq.output_ids)
         for s in seq.params.stop:
             cut = text.find(s)
             if cut >= 0:
                 text = text[:cut]
         return RequestOutput(seq.request_id, seq.prompt_ids, list(seq.output_ids), text, seq.finish_reason,
-                             seq.metrics())
+                             seq.metrics(), logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None
+                             else None, prompt_logprobs=seq.prompt_logprobs)
 
-    @torch.inference_mode()
-    def prompt_logprobs(self, token_ids: list[int], top_n: int = 0) -> list[tuple[float | None, dict[int, float]]]:
-        """log p(t_i | t_<i) for every token (None for the first) and the top_n alternatives."""
-        n = len(token_ids)
-        if n > self.max_model_len:
-            raise ContextTooLongError(f"{n} tokens exceed the model's context {self.max_model_len}",
-                                      limit=self.max_model_len, length=n)
-        eng = self.engine
-        rid = f"score-{next(self._ids)}"
-        seq = Sequence(rid, list(token_ids), SamplingParams(max_tokens=1), max_len=n)
-        eng.blocks.grow(rid, n)
-        out: list[tuple[float | None, dict[int, float]]] = [(None, {})]
-        try:
-            step = eng.scheduler.cfg.max_num_batched_tokens
-            for start in range(0, n, step):
-                c = ScheduledChunk(seq, start, min(step, n - start))
-                ids, pos, meta = eng._pack([c])
-                lp = torch.log_softmax(self.model.logits(self.model.hidden_states(ids, pos, meta, self.cache, eng.attention)), -1)
-                seq.num_computed += c.length
-                for j in range(c.length):
-                    t = start + j + 1
-                    if t >= n:
-                        break
-                    top = {}
-                    if top_n:
-                        v, i = torch.topk(lp[j], top_n)
-                        top = {int(a): float(b) for a, b in zip(i, v)}
-                    out.append((float(lp[j, token_ids[t]]), top))
-        finally:
-            eng.blocks.release(rid)
-        return out
+    def prompt_logprobs(self, token_ids: list[int], top_n: int = 0) -> list[LogprobRow]:
+        """log p(t_i | t_<i) for every token (None for the first) and the top_n alternatives: one score-only
+        engine request (max_tokens 0), prefilled in chunks like any other (`engine.scoring`)."""
+        out = self.generate(list(token_ids), SamplingParams(max_tokens=0, prompt_logprobs=top_n))[0]
+        return out.prompt_logprobs

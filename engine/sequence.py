@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.sampling import SamplingParams
+from engine.scoring import LogprobRow
 
 
 @dataclass
@@ -27,10 +28,15 @@ class Sequence:
     finish_time: float | None = None
     keys_read: float = 0.0  # MSA statistics accumulated over layers and steps
     keys_dense: float = 0.0
+    prompt_logprobs: list[LogprobRow] | None = None  # with params.prompt_logprobs: filled chunk by chunk
+    output_logprobs: list[LogprobRow] = field(default_factory=list)  # with params.logprobs: one per token
+    error: Exception | None = None  # why the request ended with finish_reason "error"
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [(None, {})]  # the first token has no context
 
     @property
     def all_ids(self) -> list[int]:

@@ -1,25 +1,41 @@
-"""Batched sampling: every greedy row in one argmax on the logits' device and one host copy;
-rows with temperature > 0 go through `engine.sampling.sample` (top-k / top-p on the device, the
-draw on the CPU with the request's seeded generator, so seeds reproduce on every device)."""
+"""Batched sampling: every row's argmax and finiteness in one pass on the logits' device and one host
+copy; rows with temperature > 0 go through `engine.sampling.sample` (top-k / top-p on the device, the
+draw on the CPU with the request's seeded generator, so seeds reproduce on every device).
+
+Rows are independent: a row whose sampling fails comes back as its exception, never raised, so one
+request's fault costs no other request its token (the engine finishes that request with the error)."""
 from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplingParams, sample
+from engine.sampling import SamplingError, SamplingParams, sample
+from engine.sequence import Sequence
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> list[int]:
-    """logits `[n, vocab]` fp32 -> n token ids."""
+                 generators: list[torch.Generator | None]) -> list[int | Exception]:
+    """logits `[n, vocab]` fp32 -> per row a token id, or the exception its sampling raised."""
     if logits.shape[0] != len(params):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(params)} requests")
-    greedy = [i for i, p in enumerate(params) if p.temperature == 0.0]
-    out: list[int] = [0] * len(params)
-    if greedy:
-        rows = logits if len(greedy) == len(params) else logits[greedy]
-        for i, t in zip(greedy, rows.argmax(dim=-1).tolist()):
-            out[i] = t
+    best, finite = torch.stack([logits.argmax(dim=-1), torch.isfinite(logits).all(dim=-1).long()]).tolist()
+    out: list[int | Exception] = []
     for i, p in enumerate(params):
-        if p.temperature != 0.0:
-            out[i] = sample(logits[i], p, generators[i])
+        if not finite[i]:
+            out.append(SamplingError("the model's logits for this request hold NaN or inf: no token can be drawn"))
+        elif p.temperature == 0.0:
+            out.append(best[i])
+        else:
+            try:
+                out.append(sample(logits[i], p, generators[i]))
+            except Exception as e:  # this row's fault only
+                out.append(e)
     return out
+
+
+def sample_requests(seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[tuple[Sequence, int, torch.Tensor]],
+                                                                         dict[str, Exception]]:
+    """Draw each request's token from its row of `logits` `[len(seqs), vocab]`: (request, token, its logits
+    row) for every row that could be sampled, and {request id: fault} for those that could not."""
+    toks = sample_batch(logits, [q.params for q in seqs], [q.generator for q in seqs])
+    drawn = [(q, t, logits[i]) for i, (q, t) in enumerate(zip(seqs, toks)) if not isinstance(t, Exception)]
+    return drawn, {q.request_id: t for q, t in zip(seqs, toks) if isinstance(t, Exception)}

@@ -1,11 +1,15 @@
 """The bridge between asyncio request handlers and the engine's single driving thread.
 
 `LLMEngine` is not thread-safe and must be driven from ONE thread. `AsyncEngine` owns that
-thread: handlers put commands (add a request, abort one, run a function such as
-`prompt_logprobs` between steps) on a thread-safe queue; the thread applies them, calls
-`engine.step()` while anything is unfinished, and hands each `StepOutput` to the asyncio
-queue of its request through `loop.call_soon_threadsafe`. All concurrent requests are
+thread: handlers put commands (add a request, abort one) on a thread-safe queue; the thread
+applies them, calls `engine.step()` while anything is unfinished, and hands each `StepOutput`
+to the asyncio queue of its request through `loop.call_soon_threadsafe`. All concurrent
+requests, scoring ones included (prompt log-probs are part of a request's prefill), are
 therefore batched by the engine's own scheduler (continuous batching).
+
+Failures: the engine ends a request it could not serve with an error output, which reaches
+that request's stream only. Should `step()` itself raise (a bug in the engine's bookkeeping),
+every request in flight is failed and aborted, and the loop goes on serving new ones.
 
 Admission control: a route reserves a slot before it answers (so a full server can still
 say 429 in the status line); at most `capacity` requests (running + waiting) hold slots. A handler that stops listening (client disconnect,
@@ -30,6 +34,8 @@ class StreamEvent:
     finished: bool
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list | None = None  # rows of the new tokens (engine.scoring.LogprobRow)
+    prompt_logprobs: list | None = None  # on the first event of a request that asked for them
 
 
 @dataclass
@@ -112,13 +118,6 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the engine thread between steps; return its result."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._commands.put(("call", fn, args, loop, future))
-        return await future
-
     # ------------------------------------------------------------ engine thread
     def _deliver(self, request_id: str, event: StreamEvent) -> None:
         with self._lock:
@@ -139,13 +138,6 @@ class AsyncEngine:
                 self._engine.abort(cmd[1])
             except Exception:
                 pass  # already finished or never added
-        elif kind == "call":
-            _, fn, args, loop, future = cmd
-            try:
-                result, error = fn(*args), None
-            except Exception as e:
-                result, error = None, e
-            loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -167,7 +159,8 @@ class AsyncEngine:
                 self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             for out in outputs:
-                self._deliver(out.request_id, StreamEvent(list(out.new_token_ids), bool(out.finished), out.finish_reason))
+                self._deliver(out.request_id, StreamEvent(list(out.new_token_ids), bool(out.finished), out.finish_reason,
+                                                          out.error, out.logprobs, out.prompt_logprobs))
                 if out.finished:
                     self._forget(out.request_id)
             if self._on_step is not None:
@@ -190,11 +183,3 @@ class AsyncEngine:
                 pass
             self._deliver(request_id, StreamEvent([], True, None, message))
 
-
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)

@@ -1,11 +1,13 @@
 """POST /v1/completions: text or token-id prompts, `echo`, and `logprobs` (for lm-eval).
 
 lm-eval's `local-completions` scores a continuation by sending prompt = context +
-continuation with echo=True, logprobs=1, max_tokens=1 and reading `token_logprobs` over the
-prompt positions. The log-probabilities come from `llm.prompt_logprobs` over prompt +
-generated tokens in one forward pass, run on the engine thread between steps; entry 0 is
-None (no context). Generated-token logprobs are recomputed that way too, i.e. they are
-log p under the model's full distribution, before temperature/top-p.
+continuation with echo=True, logprobs=1, max_tokens=1 (or 0) and reading `token_logprobs` over
+the prompt positions. Each prompt is ONE engine request that generates and scores together
+(`SamplingParams.logprobs` / `prompt_logprobs`, `engine.scoring`): prompt rows are computed in
+the request's own prefill chunks, scheduled between other requests' steps like any prefill, so
+a long scoring request never holds the engine; entry 0 is None (no context). Generated-token
+logprobs come from the logits each token was sampled from: log p under the model's full
+distribution, before temperature/top-p. max_tokens=0 with echo scores the prompt only.
 Several prompts in one request become several choices; streaming takes one prompt only.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -55,6 +58,9 @@ def _prompts(req: CompletionRequest, state: ServingState) -> list[list[int]]:
 
 
 def _logprobs(state: ServingState, ids: list[int], rows: list[tuple[Any, dict]], offset0: int) -> CompletionLogprobs:
+    """OpenAI's legacy logprobs object for `ids` and their engine rows (`engine.scoring.LogprobRow`)."""
+    if len(rows) != len(ids):
+        raise ValueError(f"{len(rows)} log-prob rows for {len(ids)} tokens")
     tok = state.llm.tokenizer
     tokens = [tok.decode([t], skip_special_tokens=False) for t in ids]
     offsets, pos = [], offset0
@@ -72,6 +78,15 @@ def _logprobs(state: ServingState, ids: list[int], rows: list[tuple[Any, dict]],
                               top_logprobs=tops, text_offset=offsets)
 
 
+def _engine_params(state: ServingState, req: CompletionRequest, max_new: int) -> Any:
+    """One prompt's engine request: generation and, with `logprobs`, its scoring (the prompt's rows when
+    echoed); None when there is nothing to run (max_tokens 0 without echo + logprobs)."""
+    if req.logprobs is None or (max_new == 0 and not req.echo):
+        return state.sampling_params(req, max_new) if max_new > 0 else None
+    return replace(state.sampling_params(req, max(max_new, 1)), max_tokens=max_new, logprobs=req.logprobs,
+                   prompt_logprobs=req.logprobs if req.echo else None)
+
+
 async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int],
                gen: Generation | None, http_request: Request) -> tuple[CompletionChoice, int]:
     text, gen_ids, finish = "", [], "length"
@@ -80,11 +95,10 @@ async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_i
         gen_ids, finish = list(gen.token_ids), gen.finish_reason or "stop"
     prefix = state.llm.tokenizer.decode(prompt_ids, skip_special_tokens=False) if req.echo else ""
     logprobs = None
-    if req.logprobs is not None:
-        all_ids = prompt_ids + gen_ids
-        rows = await state.engine.call(state.llm.prompt_logprobs, all_ids, req.logprobs)
-        keep = slice(0, None) if req.echo else slice(len(prompt_ids), None)
-        logprobs = _logprobs(state, all_ids[keep], list(rows)[keep], 0)
+    if req.logprobs is not None:  # rows from the same engine request (stop-string tail cut with the tokens)
+        ids = (prompt_ids if req.echo else []) + gen_ids
+        rows = ((gen.prompt_logprobs or []) if req.echo and gen else []) + (gen.token_logprobs if gen else [])
+        logprobs = _logprobs(state, ids, rows[:len(ids)], 0)
     return CompletionChoice(index=index, text=prefix + text, finish_reason=finish, logprobs=logprobs), len(gen_ids)
 
 
@@ -104,8 +118,8 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
     gens: list[Generation | None] = []
     try:  # reserve every prompt's slot before generating any (all or nothing -> 429)
         for p, m in zip(prompts, max_new):
-            gens.append(Generation(state, f"cmpl-{uuid.uuid4().hex}", p, state.sampling_params(req, m),
-                                   req.stop_strings()) if m > 0 else None)
+            sp = _engine_params(state, req, m)
+            gens.append(Generation(state, f"cmpl-{uuid.uuid4().hex}", p, sp, req.stop_strings()) if sp else None)
     except BaseException:
         for g in gens:
             if g is not None:

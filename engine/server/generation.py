@@ -21,7 +21,10 @@ class Generation:
     """Drive one request through the engine bridge; `deltas()` yields safe-to-emit text.
 
     After `deltas()` is exhausted: `text` (final output, cut before a stop string),
-    `token_ids` (tokens generated up to the stop), `finish_reason` ("stop" | "length").
+    `token_ids` (tokens generated up to the stop), `finish_reason` ("stop" | "length"), and, when
+    the params asked for them, `prompt_logprobs` and `token_logprobs` (one row per generated token,
+    possibly past a stop string: cut them to `token_ids`). An engine error on this request raises
+    `ApiError` 500 (code engine_error) from `deltas()`; other requests are not affected.
     """
 
     def __init__(self, state: ServingState, request_id: str, prompt_ids: list[int], params: Any, stop: list[str]) -> None:
@@ -29,6 +32,8 @@ class Generation:
         self._text = IncrementalText(state.llm.tokenizer, stop)
         self.finish_reason: str | None = None
         self.ttft_s: float | None = None
+        self.prompt_logprobs: list | None = None
+        self.token_logprobs: list = []
         state.engine.reserve()  # QueueFullError -> 429 before any byte is sent
         self._reserved = True
 
@@ -55,6 +60,9 @@ class Generation:
             async for ev in events:
                 if ev.error:
                     raise ApiError(500, f"the engine failed on this request: {ev.error}", code="engine_error")
+                if ev.prompt_logprobs is not None:
+                    self.prompt_logprobs = ev.prompt_logprobs
+                self.token_logprobs += ev.logprobs or []
                 if ev.new_token_ids and self.ttft_s is None:
                     self.ttft_s = time.perf_counter() - start
                     m.ttft.observe(self.ttft_s)
