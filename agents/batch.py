@@ -49,12 +49,22 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     if not p.is_file():
         return []
     out = []
-    for line in p.read_text().splitlines():
+    for line in p.read_bytes().splitlines():
         try:
             out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a torn last line from a killed run
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError: a torn line from a killed run
+            continue
     return out
+
+
+def _append_line(path: Path, line: str) -> None:
+    """Append one record line, fsynced; a torn last line (kill -9 mid-write) is ended first, so the new
+    record never glues onto it (the torn line stays, unreadable and skipped, its task run again)."""
+    with open(path, "ab+") as f:
+        torn = f.seek(0, os.SEEK_END) > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+        f.write((b"\n" if torn else b"") + line.encode())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _git_commit() -> str | None:
@@ -108,10 +118,7 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
                "backend": backend_key, "suite": suite, "knobs": task.knobs, "finished_at": time.time()}
         line = json.dumps(rec, default=str) + "\n"
         with lock:
-            with open(run_dir / "records.jsonl", "a") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            _append_line(run_dir / "records.jsonl", line)
             new.append(rec)
             if on_result:
                 on_result(rec)

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +63,14 @@ class CommandResult:
 
 def _network_wrapper() -> list[str]:
     """`unshare -rn` (no network) when this kernel allows unprivileged namespaces."""
-    if shutil.which("unshare") is None:
-        return []
     try:
-        ok = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=5).returncode == 0
+        ok = shutil.which("unshare") is not None and subprocess.run(
+            ["unshare", "-rn", "true"], capture_output=True, timeout=5).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
+    if not ok:  # said once per process: the commands of this run keep the host's network
+        warnings.warn("`unshare -rn` is not available here: agent commands run WITH network access "
+                      "(use a container workspace to cut it)", RuntimeWarning, stacklevel=2)
     return ["unshare", "-rn"] if ok else []
 
 

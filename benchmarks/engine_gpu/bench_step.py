@@ -35,7 +35,7 @@ TIMED = [("engine.scheduler", "Scheduler.schedule"), ("engine.llm_engine", "foll
          ("engine.gpu.step_buffers", "StepBuffers.write"), ("engine.gpu.step_buffers", "StepBuffers.stage"),
          ("engine.gpu.graph_runner", "DecodeGraphRunner._plan_step"),
          ("engine.attention.dense", "DenseAttention.plan_decode"), ("torch.cuda", "CUDAGraph.replay"),
-         ("engine.llm_engine", "sample_batch"), ("engine.llm_engine", "LLMEngine._complete"),
+         ("engine.gpu.sampler", "sample_batch"), ("engine.llm_engine", "LLMEngine._complete"),
          ("engine.gpu.graph_runner", "PendingTokens.result"), ("engine.llm_engine", "LLMEngine._append_token"),
          ("engine.llm_engine", "LLMEngine._check_stop")]
 

@@ -131,7 +131,10 @@ def parse_backend_opts(items: tuple[str, ...]) -> dict[str, Any]:
 
 
 def parse_lengths(text: str) -> tuple[int, ...]:
-    return tuple(parse_length(x) for x in text.split(",") if x.strip())
+    lengths = tuple(parse_length(x) for x in text.split(",") if x.strip())
+    if not lengths:
+        raise ConfigError(f"no length in {text!r}: give comma-separated target lengths, e.g. 2k,4k,8k")
+    return lengths
 
 
 def suite_from_dict(d: dict[str, Any], source: str) -> SuiteConfig:

@@ -45,6 +45,7 @@ CASES = [
     ("run-seed-2**70", lambda t: ["run", "helmet", "--seed", SEED_OVER, "--dry-run"], "0<=x<=9223372036854775807"),
     ("run-bad-lengths", lambda t: ["run", "helmet", "--lengths", "2k,abc", "--dry-run"], "use tokens like 2048 or 2k"),
     ("run-tiny-length", lambda t: ["run", "helmet", "--lengths", "10", "--dry-run"], "whole token counts >= 256"),
+    ("run-no-length", lambda t: ["run", "helmet", "--lengths", ",", "--dry-run"], "give comma-separated target lengths"),
     ("run-unknown-task", lambda t: ["run", "helmet", "--tasks", "nope", "--dry-run"], "run `msa-eval tasks list`"),
     ("run-unknown-suite", lambda t: ["run", "nosuite", "--dry-run"], "use one of"),
     ("run-suite-not-text", lambda t: ["run", _file(t, "s.yaml", b"\xff\xfe\x00"), "--dry-run"], "not a text file"),
