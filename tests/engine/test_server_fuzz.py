@@ -35,6 +35,7 @@ GREEDY = {"model": MODEL, "messages": [{"role": "user", "content": "Name three c
           "temperature": 0, "max_tokens": 12}
 
 _stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+_slowest: list[tuple[float, str, str]] = []  # (seconds, route, body) of the slowest requests, for the summary
 _failures: list[str] = []
 
 
@@ -53,6 +54,8 @@ class _Summary:
             fives += sum(v for k, v in hist.items() if k >= 500)
             tr.write_line(f"{route}: {n} bodies, statuses " + ", ".join(f"{k}: {v}" for k, v in sorted(hist.items())))
         tr.write_line(f"total {total} bodies tried, 5xx seen: {fives}")
+        for dt, route, body in sorted(_slowest, reverse=True)[:3]:
+            tr.write_line(f"slow: {dt:.1f} s {route} {body[:200]}")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,15 +108,17 @@ def _bounded(path: str, body, positive: bool):
         keys = [k for k in ("max_tokens", "max_completion_tokens") if k in body]
         for k in keys:
             v = body[k]
-            if isinstance(v, int) and not isinstance(v, bool) and MAX_NEW < v <= MAX_MODEL_LEN:
-                body[k] = MAX_NEW  # larger than the context stays as is: a quick 400
+            if v is None or (isinstance(v, int) and not isinstance(v, bool) and MAX_NEW < v <= MAX_MODEL_LEN):
+                body[k] = MAX_NEW  # null means the rest of the context; larger than it stays: a quick 400
         if not keys:
             body["max_tokens"] = MAX_NEW
     return body
 
 
-def _check(route: str, status: int, content_type: str, text: str, sent: object) -> None:
+def _check(route: str, status: int, content_type: str, text: str, sent: object, seconds: float) -> None:
     _stats[route][status] += 1
+    _slowest.append((seconds, route, str(sent)))
+    _slowest[:] = sorted(_slowest, reverse=True)[:3]
     assert status < 500, f"{route} answered {status} to {str(sent)[:300]}: {text[:500]}"
     if status >= 400:
         try:
@@ -150,7 +155,7 @@ def test_schema_fuzz_never_5xx(schema, method, path):
                     case.body = _bounded(path, case.body, mode == schemathesis.GenerationMode.POSITIVE)
                 r = case.call(session=session, timeout=120)
                 _check(route, r.status_code, (r.headers.get("content-type") or [""])[0],
-                       r.content.decode("utf-8", "replace"), case.body)
+                       r.content.decode("utf-8", "replace"), case.body, r.elapsed)
 
             fuzz()
 
@@ -168,7 +173,8 @@ def test_raw_bytes_never_5xx(server, path):
                                            max_leaves=10).map(lambda v: json.dumps(v).encode())))
         def fuzz(body: bytes):
             r = client.post(path, content=body, headers={"content-type": "application/json"})
-            _check(f"POST {path} (raw)", r.status_code, r.headers.get("content-type", ""), r.text, body)
+            _check(f"POST {path} (raw)", r.status_code, r.headers.get("content-type", ""), r.text, body,
+                   r.elapsed.total_seconds())
 
         fuzz()
 
