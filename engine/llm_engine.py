@@ -312,4 +312,3 @@ class LLMEngine:
         longest = max(len(s) for s in seq.params.stop)
         tail = self.tokenizer.decode(seq.output_ids[-(longest + 8):])
         return any(s in tail for s in seq.params.stop)
-

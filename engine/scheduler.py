@@ -4,9 +4,10 @@ Each step takes every running request's next decode token first, then fills the 
 token budget with prefill chunks (FIFO). Prefill chunks of scoring requests (prompt log-probs)
 together take at most `max_scored_tokens` per step: each of their rows needs a full-vocabulary
 row of logits (512 x 49152 fp32 = 100 MB), and a long scoring prompt so spreads over several
-steps, between other requests' decode steps, instead of holding the engine for one long step. A request is admitted only when the cache can hold
-its whole context (prompt + generation budget, capped at the model's limit), so running
-requests never need preemption; one that could never fit is refused at admission.
+steps, between other requests' decode steps, instead of holding the engine for one long step.
+A request is admitted only when the cache can hold its whole context (prompt + generation
+budget, capped at the model's limit), so running requests never need preemption; one that
+could never fit is refused at admission.
 """
 from __future__ import annotations
 
