@@ -66,7 +66,14 @@ def read_trajectory(path: Path) -> Trajectory:
     path = Path(path)
     if not path.is_file():
         raise AgentHarnessError(f"no trajectory at {path}; pass the .jsonl file written by `agent run`")
-    raw = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # lines are written with ensure_ascii=False: a kill can cut a character
+        if b"\n" in data[e.start:].rstrip(b"\n"):
+            raise AgentHarnessError(f"{path} holds bytes that are not UTF-8 (offset {e.start}) before its last "
+                                    "line; the trajectory is corrupt: run the task again with a new --out") from None
+        raw = data.decode("utf-8", errors="surrogateescape")  # only the torn last line: dropped below
     lines = raw.split("\n")
     records = []
     for i, line in enumerate(lines):

@@ -24,3 +24,35 @@ def test_an_empty_file_takes_a_record_without_a_leading_newline(tmp_path):
     p.touch()
     _append_line(p, '{"task_id": "a"}\n')
     assert p.read_bytes() == b'{"task_id": "a"}\n'
+
+
+def _trajectory(path, tail: bytes) -> None:
+    from agents.trajectory import SCHEMA, TrajectoryWriter
+
+    w = TrajectoryWriter(path)
+    w.write({"type": "header", "schema": SCHEMA, "messages": [{"role": "user", "content": "héllo"}]})
+    w.write({"type": "step", "index": 0, "messages": [{"role": "assistant", "content": "ça va"}]})
+    with open(path, "ab") as f:
+        f.write(tail)
+
+
+def test_a_trajectory_cut_inside_a_character_resumes_without_the_torn_line(tmp_path):
+    from agents.trajectory import read_trajectory
+
+    p = tmp_path / "t.jsonl"
+    _trajectory(p, '{"type": "step", "index": 1, "messages": [{"content": "é'.encode()[:-1])  # kill -9 mid-character
+    t = read_trajectory(p)
+    assert [s["index"] for s in t.steps] == [0] and t.header["messages"][0]["content"] == "héllo"
+    assert p.read_bytes().endswith('"ça va"}]}\n'.encode())  # the torn line is gone, the rest kept
+
+
+def test_undecodable_bytes_inside_a_trajectory_are_one_harness_error(tmp_path):
+    import pytest
+
+    from agents.errors import AgentHarnessError
+    from agents.trajectory import read_trajectory
+
+    p = tmp_path / "t.jsonl"
+    _trajectory(p, b'{"type": "event", "x": "\xff"}\n{"type": "step", "index": 1, "messages": []}\n')
+    with pytest.raises(AgentHarnessError, match="not UTF-8 .*new --out"):
+        read_trajectory(p)
