@@ -203,7 +203,7 @@ class AgentLoop:
         return res
 
     def _load(self, st) -> AgentResult | None:
-        t = read_trajectory(self.path)
+        t = read_trajectory(self.path, repair=True)
         if t.header["task"]["hash"] != self.task.content_hash():
             raise AgentHarnessError(f"{self.path} was written for a different version of task {self.task.id}; "
                                     "rerun without resume")

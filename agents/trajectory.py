@@ -60,9 +60,10 @@ class Trajectory:
         return None
 
 
-def read_trajectory(path: Path) -> Trajectory:
-    """Parse a trajectory file; a torn last line (crash mid-write) is dropped, and a file
-    truncated so that its record is partial repairs itself on the next append."""
+def read_trajectory(path: Path, repair: bool = False) -> Trajectory:
+    """Parse a trajectory file; a torn last line (crash mid-write) is skipped. With `repair` (resume,
+    which appends next) the file is cut back to its last whole line; a reader (`agent show`) never
+    writes."""
     path = Path(path)
     if not path.is_file():
         raise AgentHarnessError(f"no trajectory at {path}; pass the .jsonl file written by `agent run`")
@@ -83,7 +84,8 @@ def read_trajectory(path: Path) -> Trajectory:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if i >= len(lines) - 2:  # torn final line
-                _truncate_to_valid(path, raw, line)
+                if repair and records:
+                    _truncate_to_valid(path, raw, line)
                 break
             raise AgentHarnessError(f"{path} line {i + 1} is not JSON; the trajectory is corrupt") from None
     if not records or records[0].get("type") != "header":

@@ -41,9 +41,26 @@ def test_a_trajectory_cut_inside_a_character_resumes_without_the_torn_line(tmp_p
 
     p = tmp_path / "t.jsonl"
     _trajectory(p, '{"type": "step", "index": 1, "messages": [{"content": "é'.encode()[:-1])  # kill -9 mid-character
-    t = read_trajectory(p)
+    before = p.read_bytes()
+    t = read_trajectory(p)  # a reader: the file stays as it is
     assert [s["index"] for s in t.steps] == [0] and t.header["messages"][0]["content"] == "héllo"
-    assert p.read_bytes().endswith('"ça va"}]}\n'.encode())  # the torn line is gone, the rest kept
+    assert p.read_bytes() == before
+    read_trajectory(p, repair=True)  # resume: the torn line goes, the rest is kept
+    assert p.read_bytes() == before[:before.rindex(b"\n") + 1] and before.endswith(b'\xc3')
+
+
+def test_showing_a_file_that_is_no_trajectory_leaves_it_untouched(tmp_path):
+    import pytest
+
+    from agents.errors import AgentHarnessError
+    from agents.trajectory import read_trajectory
+
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b"\xff garbage\n")
+    for repair in (False, True):
+        with pytest.raises(AgentHarnessError, match="no header line"):
+            read_trajectory(p, repair=repair)
+        assert p.read_bytes() == b"\xff garbage\n"
 
 
 def test_undecodable_bytes_inside_a_trajectory_are_one_harness_error(tmp_path):
