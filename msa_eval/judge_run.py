@@ -22,7 +22,7 @@ from msa_eval.judge import (JUDGE_MAX_TOKENS, RUBRIC_VERSION, SCALE_MAX, judge_k
                             parse_judge_score)
 from msa_eval.runner.config import BackendSpec
 from msa_eval.runner.manifest import RECORDS, read_manifest, save_manifest
-from msa_eval.runner.records import SampleRecord, atomic_write_text, read_records
+from msa_eval.runner.records import SampleRecord, atomic_write_text, repair_records
 from msa_eval.runner.requests import prefill_text
 from tasks.base import Sample
 
@@ -54,7 +54,10 @@ def judge_run(
     if spec.kind == "openai" and "cache_dir" not in spec.options:
         spec = replace(spec, options={**spec.options, "cache_dir": str(run_dir / "cache")})
     path = run_dir / RECORDS
-    records = read_records(path)
+    emit = progress or (lambda *a, **k: None)
+    records, repair = repair_records(path)  # it rewrites the file below: unreadable lines go to the sidecar first
+    if repair is not None:
+        emit("notice", message=repair.notice(path))
     tasks = open_ended_tasks()
     todo = [i for i, r in enumerate(records) if needs_judging(r, key, tasks) and r.sample_id in samples]
     counts = {"judged": 0, "skipped": sum(1 for r in records if r.task in tasks) - len(todo), "errors": 0}
@@ -64,7 +67,6 @@ def judge_run(
     save_manifest(run_dir, manifest)
     if not todo:
         return counts
-    emit = progress or (lambda *a, **k: None)
     emit("backend", key=f"judge {key}", total=len(todo), done=0)
     backend = factory(spec)
     try:

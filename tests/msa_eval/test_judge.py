@@ -120,3 +120,31 @@ def test_local_judge_reply_is_opened_with_score_prefill():
     assert _verdict("k", SCORE_PREFILL + " 2\nbecause", None)["score"] == 2
     assert _verdict("k", SCORE_PREFILL + " N", None)["status"] == "unparsed"
     assert _verdict("k", "", "timeout")["status"] == "error"
+
+
+def test_judging_sets_a_garbled_line_aside_before_it_rewrites_the_records(tmp_path):
+    """judge_run rewrites records.jsonl with the verdicts: an unreadable line goes, byte for byte, to the
+    sidecar first (it used to vanish), with the runner's notice."""
+    from msa_eval.judge_run import judge_run
+    from msa_eval.runner.records import SampleRecord
+    from msa_eval.runner.reference import load_reference_tokenizer
+    from msa_eval.runner.run import default_factory
+    from tasks.base import BuildSpec
+    from tasks.registry import get_task
+
+    tok = load_reference_tokenizer("smollm2-135m")[0]
+    s = get_task("longqa").build(0, BuildSpec(512, tok, "chat"))
+    rec = SampleRecord(backend="openai:m", sample_id=s.id, task=s.task, category=s.category, length=512,
+                       mode="chat", status="ok", prompt_hash=s.prompt_hash(), prompt_tokens_ref=1,
+                       answers=s.answers, output="It was " + s.answers[0], parsed=None, score=1.0,
+                       metric="rougeL_f1", extraction_failed=False)
+    garbled = b'{"backend": "openai:m", "sample_id": "paid-for", \xff\n'
+    (tmp_path / "records.jsonl").write_bytes(rec.model_dump_json().encode() + b"\n" + garbled)
+    notices = []
+    with ScriptedOpenAI(text="Score: 2") as judge:
+        counts = judge_run(tmp_path, {s.id: s}, parse_judge_spec(f"openai:j1@{judge.base_url}"), default_factory,
+                           progress=lambda event, **kw: notices.append(kw.get("message")) if event == "notice" else None)
+    assert counts["judged"] == 1
+    assert (tmp_path / "records.jsonl.bad").read_bytes() == garbled
+    assert [json.loads(x)["judge"]["score"] for x in (tmp_path / "records.jsonl").read_text().splitlines()] == [2]
+    assert len([n for n in notices if n and "set aside 1 unreadable line" in n]) == 1
