@@ -48,11 +48,9 @@ def main() -> None:
     from msa_eval.display import error_line
 
     try:
-        cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False)  # returns ctx.exit's code (--help, --version: 0)
     except click.exceptions.Abort:
         sys.exit(130)
-    except click.exceptions.Exit as e:  # --help, --version
-        sys.exit(e.exit_code)
     except click.ClickException as e:  # click prints usage + hint + message: we print one line
         ctx = getattr(e, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
@@ -65,3 +63,5 @@ def main() -> None:
             raise
         error_line(str(e))
         sys.exit(2)
+    if isinstance(code, int) and code:
+        sys.exit(code)
