@@ -54,4 +54,5 @@ def check_json(body: Any) -> None:
             if isinstance(key, str) and _SURROGATE.search(key):
                 raise RequestError(f"a key in {_where(path)} contains a lone UTF-16 surrogate, which is not valid "
                                    f"Unicode text; send valid UTF-8 text", param=str(path[0]) if path else None)
-            stack.append((item, path + (key,)))
+            if isinstance(item, (str, dict, list)):  # numbers, booleans and null hold nothing to check
+                stack.append((item, path + (key,)))
