@@ -187,10 +187,6 @@ class Workspace:
                   "commit", "-q", "--allow-empty", "-m", "baseline")
 
     # -- paths -----------------------------------------------------------------
-    def resolve(self, rel: str) -> Path:
-        """The absolute path of `rel` inside the workspace; escapes raise ToolError."""
-        return self.fs.root.joinpath(*self.fs.locate(rel))
-
     # -- commands --------------------------------------------------------------
     def env(self) -> dict[str, str]:
         keep = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR") if k in os.environ}
