@@ -223,10 +223,14 @@ class Workspace:
         names = self._git_bytes("diff", "--cached", "--name-only", "-z", "HEAD", *spec).split(b"\0")
         bad = [n for n in names if n and not _is_utf8(self.root / os.fsdecode(n))]
         text = self._git_bytes("diff", "--cached", "--binary", "HEAD", *spec, *[b":(exclude,literal)" + n for n in bad])
-        attrs = self._tmp / "all-binary.attributes"
+        # $GIT_DIR/info/attributes outranks the repository's own .gitattributes (e.g. `*.py diff=python`)
+        attrs = self._git_dir / "info" / "attributes"
+        attrs.parent.mkdir(exist_ok=True)
         attrs.write_text("* binary\n")
-        binary = self._git_bytes("-c", f"core.attributesFile={attrs}", "diff", "--cached", "--binary", "HEAD", "--",
-                                 *[b":(literal)" + n for n in bad])
+        try:
+            binary = self._git_bytes("diff", "--cached", "--binary", "HEAD", "--", *[b":(literal)" + n for n in bad])
+        finally:
+            attrs.unlink()
         try:
             return (text + binary).decode("utf-8")
         except UnicodeDecodeError as e:

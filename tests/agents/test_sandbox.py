@@ -70,6 +70,19 @@ def test_diff_and_apply_round_trip(ws, tmp_path):
         assert (fresh.root / "pkg/new.py").read_text() == "y = 3\n"
 
 
+def test_a_non_utf8_file_round_trips_even_under_a_textual_gitattributes(tmp_path):
+    """The repository's own `.gitattributes` (`*.py diff=python`) cannot turn the non-UTF-8 file back into
+    a text diff: the patch stays text and applies to a fresh copy byte for byte."""
+    files = {"pkg/a.py": "x = 1\n", ".gitattributes": "*.py diff=python\n"}
+    with Workspace(files, parent=tmp_path) as ws:
+        ws.run("printf 'caf\\xe9 = 1\\n' > pkg/latin1.py", timeout_s=30.0)
+        patch = ws.diff()
+        assert "GIT binary patch" in patch and ws.diff() == patch
+        with Workspace(files, parent=tmp_path) as fresh:
+            fresh.apply(patch)
+            assert (fresh.root / "pkg/latin1.py").read_bytes() == b"caf\xe9 = 1\n"
+
+
 def test_str_replace_requires_a_unique_match(ws):
     tools = WorkspaceTools(ws, None)
     (ws.root / "pkg/b.py").write_text("a\na\n")
