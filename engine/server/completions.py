@@ -16,7 +16,6 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import replace
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -83,8 +82,7 @@ def _engine_params(state: ServingState, req: CompletionRequest, max_new: int) ->
     echoed); None when there is nothing to run (max_tokens 0 without echo + logprobs)."""
     if req.logprobs is None or (max_new == 0 and not req.echo):
         return state.sampling_params(req, max_new) if max_new > 0 else None
-    return replace(state.sampling_params(req, max(max_new, 1)), max_tokens=max_new, logprobs=req.logprobs,
-                   prompt_logprobs=req.logprobs if req.echo else None)
+    return state.sampling_params(req, max_new, logprobs=req.logprobs, prompt_logprobs=req.logprobs if req.echo else None)
 
 
 async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int],

@@ -105,12 +105,14 @@ class ServingState:
         messages, tools = messages_for_template(messages, tools, choice, self.native_tools)
         return self.apply_template(messages, tools)
 
-    def sampling_params(self, req: ChatCompletionRequest | CompletionRequest, max_new: int) -> Any:
+    def sampling_params(self, req: ChatCompletionRequest | CompletionRequest, max_new: int,
+                        logprobs: int | None = None, prompt_logprobs: int | None = None) -> Any:
         from engine import SamplingParams
 
         # the engine stops on a stop string; textstream.IncrementalText cuts the text before it
         return SamplingParams(max_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                              stop=req.stop_strings(), ignore_eos=req.ignore_eos)
+                              stop=req.stop_strings(), ignore_eos=req.ignore_eos, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs)
 
 
 def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
