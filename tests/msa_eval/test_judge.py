@@ -102,17 +102,8 @@ def test_local_judge_reply_is_opened_with_score_prefill():
     """A judge with its own tokenizer (local) continues "Score:" after the rubric; the
     stored raw reply starts with it, so "Score: 2 ..." parses and "Score: N" does not."""
     from msa_eval.judge_run import SCORE_PREFILL, _request, _verdict
-    from msa_eval.runner.records import SampleRecord
-    from msa_eval.runner.reference import load_reference_tokenizer
-    from tasks.base import BuildSpec
-    from tasks.registry import get_task
 
-    tok = load_reference_tokenizer("smollm2-135m")[0]
-    s = get_task("longqa").build(0, BuildSpec(512, tok, "chat"))
-    rec = SampleRecord(backend="local:dense", sample_id=s.id, task=s.task, category=s.category, length=512,
-                       mode="chat", status="ok", prompt_hash=s.prompt_hash(), prompt_tokens_ref=1,
-                       answers=s.answers, output="It was " + s.answers[0], parsed=None, score=1.0,
-                       metric="rougeL_f1", extraction_failed=False)
+    tok, s, rec = _longqa_record("local:dense")
     local, remote = _request(rec, s, tok), _request(rec, s, None)
     assert local.messages is None and local.prompt.endswith("<|im_start|>assistant\n" + SCORE_PREFILL)
     assert remote.prompt is None and remote.messages[-1]["role"] == "user"
@@ -126,18 +117,9 @@ def test_judging_sets_a_garbled_line_aside_before_it_rewrites_the_records(tmp_pa
     """judge_run rewrites records.jsonl with the verdicts: an unreadable line goes, byte for byte, to the
     sidecar first (it used to vanish), with the runner's notice."""
     from msa_eval.judge_run import judge_run
-    from msa_eval.runner.records import SampleRecord
-    from msa_eval.runner.reference import load_reference_tokenizer
     from msa_eval.runner.run import default_factory
-    from tasks.base import BuildSpec
-    from tasks.registry import get_task
 
-    tok = load_reference_tokenizer("smollm2-135m")[0]
-    s = get_task("longqa").build(0, BuildSpec(512, tok, "chat"))
-    rec = SampleRecord(backend="openai:m", sample_id=s.id, task=s.task, category=s.category, length=512,
-                       mode="chat", status="ok", prompt_hash=s.prompt_hash(), prompt_tokens_ref=1,
-                       answers=s.answers, output="It was " + s.answers[0], parsed=None, score=1.0,
-                       metric="rougeL_f1", extraction_failed=False)
+    _, s, rec = _longqa_record("openai:m")
     garbled = b'{"backend": "openai:m", "sample_id": "paid-for", \xff\n'
     (tmp_path / "records.jsonl").write_bytes(rec.model_dump_json().encode() + b"\n" + garbled)
     notices = []
@@ -148,3 +130,19 @@ def test_judging_sets_a_garbled_line_aside_before_it_rewrites_the_records(tmp_pa
     assert (tmp_path / "records.jsonl.bad").read_bytes() == garbled
     assert [json.loads(x)["judge"]["score"] for x in (tmp_path / "records.jsonl").read_text().splitlines()] == [2]
     assert len([n for n in notices if n and "set aside 1 unreadable line" in n]) == 1
+
+
+def _longqa_record(backend: str):
+    """(reference tokenizer, a real longqa sample at 512 tokens, an ok record answering it from `backend`)."""
+    from msa_eval.runner.records import SampleRecord
+    from msa_eval.runner.reference import load_reference_tokenizer
+    from tasks.base import BuildSpec
+    from tasks.registry import get_task
+
+    tok = load_reference_tokenizer("smollm2-135m")[0]
+    s = get_task("longqa").build(0, BuildSpec(512, tok, "chat"))
+    rec = SampleRecord(backend=backend, sample_id=s.id, task=s.task, category=s.category, length=512,
+                       mode="chat", status="ok", prompt_hash=s.prompt_hash(), prompt_tokens_ref=1,
+                       answers=s.answers, output="It was " + s.answers[0], parsed=None, score=1.0,
+                       metric="rougeL_f1", extraction_failed=False)
+    return tok, s, rec
