@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.sequence import LogprobRow
+
 if TYPE_CHECKING:
     from engine.scheduler import ScheduledChunk
     from engine.sequence import Sequence
-
-LogprobRow = tuple[float | None, dict[int, float]]  # (log p(token), {alternative id: log p}); None: no context
 
 
 def logprob_rows(logits: torch.Tensor, targets: list[int], top_ns: list[int]) -> list[LogprobRow]:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.sampling import SamplingParams
-from engine.scoring import LogprobRow
+
+LogprobRow = tuple[float | None, dict[int, float]]  # (log p(token), {alternative id: log p}); None: no context
 
 
 @dataclass
