@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ["msa_eval", "engine", "kernels", "tasks", "agents"]
+PACKAGES = ["msa_eval", "engine", "kernels", "tasks", "agents", "msa_common"]
 
 
 @pytest.fixture(scope="module")
