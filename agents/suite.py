@@ -1,26 +1,41 @@
-"""Agent suites: YAML config (validated by pydantic, unknown keys are errors) -> generated,
-validated tasks, cached as JSONL keyed by (config, family versions, source hashes).
+"""Agent suites: a YAML config (validated by pydantic, unknown keys are errors) lists entries per
+family; an entry's tasks are generated and gold-validated when first needed, then cached.
 
-`find_task(tasks, "A")` picks the first task of a family, `find_task(tasks, "A:<id>")` or
-`find_task(tasks, "<id>")` a task by id; unknown ids raise naming the known ones.
+Listing (`entry_status`) reads the config and the cache only, so it answers at once. Generation
+(seconds to minutes: test baselines, gold replays) happens when a task is run, or on request.
+Each entry has one cache file under the cache folder the caller passes (the CLI's is
+`$MSA_EVAL_HOME/agent-suites`), named by a key over the family, its version, the seed, the
+knobs, the harness code and the Python build. Its header pins the SHA-256 of its body and of
+every source file its tasks were generated from: an edited source, a torn or hand-edited file
+reads as stale or corrupt and is regenerated, never trusted.
+
+`find_task(suite, "regression")` is the first task of a family (letters A-D work too),
+`find_task(suite, "regression:<id>")` or `find_task(suite, "<id>")` a task by id; only the
+entries of the family the reference names are generated. Unknown ids raise naming known ones.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agents.errors import AgentHarnessError, UnknownTaskError
-from agents.families import get_family
+from agents.families import FAMILIES, canonical_task_id, family_name, family_names, get_family, task_family
 from agents.task import AgentTask
+from msa_common.atomic import atomic_write_text
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "agents.yaml"
+CACHE_SCHEMA = "msa-eval.agent-suite-cache/1"
+_CODE_PACKAGES = ("agents", "tasks", "msa_common")  # what generation runs: its bytes are in the key
+
+Status = Literal["cached", "missing", "stale", "corrupt"]
 
 
 class _Suite(BaseModel):
@@ -34,7 +49,26 @@ class _File(BaseModel):
     suites: dict[str, _Suite]
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One family entry of a suite: `n` tasks of `family` from `knobs` under the suite's seed."""
+    family: str  # registered name
+    index: int  # position in the suite (config order)
+    seed: int
+    n: int
+    knobs: dict[str, Any] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    seed: int
+    entries: tuple[Entry, ...]
+    cache: Path  # folder of the entry caches
+
+
 def load_suite_config(name: str, path: Path | None = None) -> dict[str, Any]:
+    """{"seed", "families": {family name: [knobs, ...]}} with letters resolved to names."""
     path = Path(path or DEFAULT_CONFIG)
     if not path.is_file():
         raise AgentHarnessError(f"agent suite file {path} not found; pass --config PATH")
@@ -44,73 +78,175 @@ def load_suite_config(name: str, path: Path | None = None) -> dict[str, Any]:
         raise AgentHarnessError(f"{path}: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
     if name not in cfg.suites:
         raise AgentHarnessError(f"no agent suite {name!r} in {path}; suites: {', '.join(cfg.suites)}")
-    return cfg.suites[name].model_dump()
+    suite = cfg.suites[name].model_dump()
+    families: dict[str, list[dict[str, Any]]] = {}
+    for key, entries in suite["families"].items():
+        try:
+            fam = family_name(key)
+        except UnknownTaskError as e:
+            raise UnknownTaskError(f"{path}: suite {name!r}: {e}") from None
+        if fam in families:
+            raise AgentHarnessError(f"{path}: suite {name!r} lists family {fam} twice (as a name and as its letter); "
+                                    "merge the entries")
+        families[fam] = entries
+    return {"seed": suite["seed"], "families": families}
 
 
-def cache_dir() -> Path:
-    from platformdirs import user_cache_dir
-
-    return Path(os.environ.get("MSA_EVAL_CACHE") or user_cache_dir("msa-eval")) / "agent-suites"
-
-
-def suite_key(name: str, suite: dict[str, Any]) -> str:
-    versions = {c: get_family(c).version for c in suite["families"]}
-    code = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.rglob("*.py")))).hexdigest()
-    blob = json.dumps({"name": name, "suite": suite, "versions": versions, "code": code, "python": sys.version,
-                       "prefix": sys.base_prefix}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def generate_suite(suite: dict[str, Any]) -> list[AgentTask]:
-    """Generate every family entry of a suite config (deterministic under its seed)."""
-    tasks: list[AgentTask] = []
-    for code, entries in suite["families"].items():
-        fam = get_family(code)
-        for knobs in entries:
+def open_suite(name: str, config: Path | None, cache: Path) -> Suite:
+    suite = load_suite_config(name, config)
+    entries = []
+    for fam, knob_list in suite["families"].items():
+        for knobs in knob_list:
             knobs = dict(knobs)
-            n = int(knobs.pop("n", 1))
-            try:
-                got = fam.generate(suite["seed"], n, **knobs)
-            except TypeError as e:
-                raise AgentHarnessError(f"family {code}: bad knob in the suite config ({e})") from None
-            if len(got) < n:
-                raise AgentHarnessError(f"family {code} produced {len(got)} of {n} valid tasks for {knobs}; "
-                                        "relax the knobs or lower n")
-            tasks.extend(got)
+            n = knobs.pop("n", 1)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise AgentHarnessError(f"suite {name!r}, family {fam}: n must be a whole number >= 1, not {n!r}")
+            entries.append(Entry(fam, len(entries), suite["seed"], n, knobs))
+    return Suite(name, suite["seed"], tuple(entries), Path(cache))
+
+
+# -- the cache ------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _code_hash() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pkg in _CODE_PACKAGES:
+        for p in sorted((root / pkg).rglob("*.py")):
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def entry_key(entry: Entry) -> str:
+    blob = json.dumps({"family": entry.family, "version": get_family(entry.family).version, "seed": entry.seed,
+                       "n": entry.n, "knobs": entry.knobs, "code": _code_hash(), "python": sys.version,
+                       "prefix": sys.base_prefix}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_path(entry: Entry, cache: Path) -> Path:
+    return Path(cache) / f"{entry.family}-seed{entry.seed}-{entry_key(entry)}.jsonl"
+
+
+def _sources(tasks: list[AgentTask]) -> dict[str, str]:
+    """{absolute path: sha256} of every source file the tasks pin."""
+    out: dict[str, str] = {}
+    for t in tasks:
+        for info in t.spec.get("files", {}).values():
+            out[info["path"]] = info["sha256"]
+    return dict(sorted(out.items()))
+
+
+def _file_sha(path: str) -> str | None:
+    p = Path(path)
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+def _key_of(path: Path) -> str:
+    return path.stem.rsplit("-", 1)[-1]
+
+
+def write_cache(entry: Entry, tasks: list[AgentTask], path: Path) -> None:
+    body = "".join(json.dumps(t.to_dict(), sort_keys=True) + "\n" for t in tasks)
+    header = {"schema": CACHE_SCHEMA, "key": _key_of(path), "family": entry.family,
+              "seed": entry.seed, "n": entry.n, "knobs": entry.knobs, "tasks": len(tasks),
+              "body_sha256": hashlib.sha256(body.encode()).hexdigest(), "sources": _sources(tasks)}
+    atomic_write_text(path, json.dumps(header, sort_keys=True, default=str) + "\n" + body)
+
+
+def read_cache(path: Path) -> tuple[Status, list[AgentTask]]:
+    """("cached", tasks) when the file is whole and its sources unchanged, else (why not, [])."""
+    if not path.is_file():
+        return "missing", []
+    try:
+        head, _, body = path.read_bytes().partition(b"\n")
+        header = json.loads(head)
+        ok = (header.get("schema") == CACHE_SCHEMA and header.get("key") == _key_of(path)
+              and header.get("body_sha256") == hashlib.sha256(body).hexdigest())
+        tasks = [AgentTask.from_dict(json.loads(line)) for line in body.decode().splitlines()] if ok else []
+        ok = ok and len(tasks) == header.get("tasks") and _sources(tasks) == header.get("sources")
+    except (ValueError, TypeError, AttributeError, KeyError):  # undecodable, not JSON, or not task-shaped
+        ok = False
+    if not ok:
+        return "corrupt", []
+    if any(_file_sha(p) != sha for p, sha in header["sources"].items()):
+        return "stale", []
+    return "cached", tasks
+
+
+def entry_status(entry: Entry, cache: Path) -> tuple[Status, list[AgentTask]]:
+    """What the cache holds for `entry`, without generating anything."""
+    return read_cache(cache_path(entry, cache))
+
+
+# -- generation -----------------------------------------------------------------------------
+def generate_entry(entry: Entry) -> list[AgentTask]:
+    """The entry's `n` validated tasks (deterministic under its seed)."""
+    try:
+        got = get_family(entry.family).generate(entry.seed, entry.n, **entry.knobs)
+    except TypeError as e:
+        raise AgentHarnessError(f"family {entry.family}: bad knob in the suite config ({e})") from None
+    if len(got) < entry.n:
+        raise AgentHarnessError(f"family {entry.family} produced {len(got)} of {entry.n} valid tasks for "
+                                f"{entry.knobs}; relax the knobs or lower n")
+    return got
+
+
+def entry_tasks(entry: Entry, cache: Path, regenerate: bool = False) -> list[AgentTask]:
+    """The entry's tasks: from its cache when current, else generated, validated and cached."""
+    path = cache_path(entry, cache)
+    status, tasks = read_cache(path) if not regenerate else ("missing", [])
+    if status == "cached":
+        return tasks
+    tasks = generate_entry(entry)
+    write_cache(entry, tasks, path)
+    return tasks
+
+
+def suite_tasks(suite: Suite, families: list[str] | None = None, limit: int | None = None,
+                regenerate: bool = False) -> list[AgentTask]:
+    """The tasks of the suite's entries (of `families` only, if given), in config order; with
+    `limit`, entries past the first `limit` tasks are not generated."""
+    keep = {family_name(f) for f in families} if families else None
+    tasks: list[AgentTask] = []
+    for e in suite.entries:
+        if limit is not None and len(tasks) >= limit:
+            break
+        if keep is None or e.family in keep:
+            tasks.extend(entry_tasks(e, suite.cache, regenerate))
     ids = [t.id for t in tasks]
     if len(set(ids)) != len(ids):
         raise AgentHarnessError("duplicate task ids in the suite; give each family entry different knobs")
-    return tasks
+    return tasks[:limit] if limit is not None else tasks
 
 
-def load_suite(name: str, config: Path | None = None, regenerate: bool = False) -> list[AgentTask]:
-    """The suite's tasks, from the cache when present (written atomically after generation)."""
-    suite = load_suite_config(name, config)
-    path = cache_dir() / f"{name}-{suite_key(name, suite)}.jsonl"
-    if path.is_file() and not regenerate:
-        return [AgentTask.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-    tasks = generate_suite(suite)
-    write_tasks(tasks, path)
-    return tasks
+def load_suite(name: str, config: Path | None = None, regenerate: bool = False, *, cache: Path) -> list[AgentTask]:
+    """Every task of the suite (generated where the cache is not current)."""
+    return suite_tasks(open_suite(name, config, cache), regenerate=regenerate)
 
 
-def write_tasks(tasks: list[AgentTask], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(t.to_dict(), sort_keys=True) + "\n" for t in tasks))
-    os.replace(tmp, path)
-
-
-def find_task(tasks: list[AgentTask], ref: str) -> AgentTask:
-    fam, _, tid = ref.partition(":")
-    if not tid and ref.upper() in {"A", "B", "C", "D"}:
-        for t in tasks:
-            if t.family == ref.upper():
-                return t
-        raise UnknownTaskError(f"the suite has no family {ref.upper()} task")
+def find_task(suite: Suite, ref: str) -> AgentTask:
+    """A task by family (its first task), FAMILY:ID or ID; generates only that family's entries."""
+    fam_ref, _, tid = ref.partition(":")
+    if not tid and ref in FAMILIES:
+        fam = family_name(ref)
+        entries = [e for e in suite.entries if e.family == fam]
+        if not entries:
+            raise UnknownTaskError(f"the suite has no family {fam} task")
+        return entry_tasks(entries[0], suite.cache)[0]
     want = tid or ref
-    for t in tasks:
-        if t.id == want:
-            return t
-    known = ", ".join(t.id for t in tasks[:12]) + (" ..." if len(tasks) > 12 else "")
+    fam = family_name(fam_ref) if tid else task_family(want)
+    entries = [e for e in suite.entries if e.family == fam]
+    cached = [e for e in entries if entry_status(e, suite.cache)[0] == "cached"]
+    seen: list[str] = []
+    for e in cached + [e for e in entries if e not in cached]:
+        for t in entry_tasks(e, suite.cache):
+            if t.id in (want, canonical_task_id(want)):
+                return t
+            seen.append(t.id)
+    if fam is None:
+        known = f"ids start with their family ({', '.join(family_names())})"
+    elif not seen:
+        known = f"(the suite has no {fam} entry)"
+    else:
+        known = ", ".join(seen[:12]) + (" ..." if len(seen) > 12 else "")
     raise UnknownTaskError(f"unknown task id {want!r}; known: {known} (see `msa-eval agent list`)")

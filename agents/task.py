@@ -15,7 +15,7 @@ from typing import Any
 @dataclass
 class AgentTask:
     id: str  # "<family>-<source>-<short hash>", unique within a suite
-    family: str  # "A" | "B" | "C" | "D"
+    family: str  # "regression" | "needle" | "rename" | "ledger" (older tasks: the letters A-D)
     version: str  # family generator version
     seed: int
     instruction: str

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import FetchError, ModelIntegrityError, ModelNotFoundError
+from msa_common.home import msa_eval_home
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,8 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def home() -> Path:
-    """Root of msa-eval's cache (`MSA_EVAL_HOME`, else the user cache dir)."""
-    env = os.environ.get("MSA_EVAL_HOME")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("msa-eval"))
+    """Root of msa-eval's cache (`MSA_EVAL_HOME`, else the user cache dir; `msa_common.home`)."""
+    return msa_eval_home()
 
 
 def models_dir() -> Path:

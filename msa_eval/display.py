@@ -147,10 +147,25 @@ def task_sample(task: dict[str, Any], sample: dict[str, Any]) -> None:
 
 
 # --- agents (msa-eval agent ..., run agents) --------------------------------------------------
-def agent_tasks_table(suite: str, rows: list[dict[str, Any]]) -> None:
-    table(f"agent suite {suite}", ["id", "family", "gold calls", "max steps", "knobs"],
-          [(r["id"], r["family"], r["gold_tool_calls"], r["max_steps"],
-            ", ".join(f"{k}={v}" for k, v in r["knobs"].items())) for r in rows])
+def agent_tasks_table(suite: str, entries: list[dict[str, Any]]) -> None:
+    """One line per generated task; an entry not generated yet is one line with its config knobs,
+    and each family's one-line description follows the table."""
+    def knobs(d: dict[str, Any]) -> str:
+        return ", ".join(f"{k}={v}" for k, v in d.items())
+
+    lines = []
+    for e in entries:
+        for r in e["tasks"]:
+            lines.append((r["id"], e["family"], e["seed"], "cached", r["gold_tool_calls"], r["max_steps"], knobs(r["knobs"])))
+        if not e["tasks"]:
+            lines.append((f"({e['n']} to generate)", e["family"], e["seed"], e["cache"], None, None, knobs(e["knobs"])))
+    table(f"agent suite {suite}", ["id", "family", "seed", "cache", "gold calls", "max steps", "knobs"], lines)
+    for fam, about in dict.fromkeys((e["family"], e["description"]) for e in entries):
+        info(f"{fam}: {about}", dim=True)
+    waiting = [e for e in entries if not e["tasks"]]
+    if waiting:
+        info(f"{len(waiting)} of {len(entries)} entries not generated yet: their tasks are generated and gold-validated "
+             "when first run, or now with `msa-eval agent list --validate` (minutes)", dim=True)
 
 
 def agent_result(res: dict[str, Any]) -> None:

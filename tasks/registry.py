@@ -1,48 +1,54 @@
-"""Name -> Task registry. Task modules register their classes with `@register_task`;
-suites are imported lazily on first lookup (one line per suite package in `SUITE_PACKAGES`)."""
+"""Name -> Task: one table of "module:Class" (the registry idiom of `msa_common.registry`).
+
+`get_task(name)` imports only that task's module; `all_tasks()` imports them all (for listing
+categories and fidelity). A new task is one line here; `tests/test_registry.py` fails if a
+Task class is missing from the table or an entry names the wrong class.
+"""
 from __future__ import annotations
 
-import importlib
-
+from msa_common.registry import Registry
 from tasks.base import Task, TaskError
 
-# Packages whose import registers tasks. Missing packages are skipped (a suite still in work).
-SUITE_PACKAGES = ["tasks.helmet", "tasks.loaders", "tasks.repo"]
-
-_REGISTRY: dict[str, type[Task]] = {}
-_loaded = False
+TASKS = Registry(
+    table={
+        "cite": "tasks.helmet.cite:CiteAnalogue",
+        "cwe": "tasks.helmet.recall_ruler:CommonWords",
+        "fwe": "tasks.helmet.recall_ruler:FrequentWords",
+        "helmet_json_kv_file": "tasks.loaders.files:HelmetJsonKVFile",
+        "icl": "tasks.helmet.icl:ManyShotICL",
+        "json_kv": "tasks.helmet.recall_kv:JsonKV",
+        "longqa": "tasks.helmet.longqa:LongQA",
+        "longqa_mc": "tasks.helmet.longqa:LongQAChoice",
+        "niah_mk2": "tasks.helmet.recall_niah:NiahMultiKey2",
+        "niah_mk3": "tasks.helmet.recall_niah:NiahMultiKey3",
+        "niah_mv": "tasks.helmet.recall_niah:NiahMultiValue",
+        "niah_single": "tasks.helmet.recall_niah:NiahSingle",
+        "niah_single_noise": "tasks.helmet.recall_niah:NiahSingleNoise",
+        "rag": "tasks.helmet.rag:RagAnalogue",
+        "repo_needle": "tasks.repo.needle:RepoNeedle",
+        "repo_regression": "tasks.repo.regression:RepoRegression",
+        "rerank": "tasks.helmet.rerank:RerankAnalogue",
+        "ruler_file": "tasks.loaders.files:RulerFile",
+        "summ": "tasks.helmet.summ:SummAnalogue",
+        "vt": "tasks.helmet.recall_ruler:VariableTracking",
+    },
+    unknown=lambda asked, names: TaskError(f"unknown task {asked!r}; known tasks: {', '.join(names) or '(none)'}"),
+)
 
 
 def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator: make `cls` available as `get_task(cls.name)`."""
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise TaskError(f"task name {cls.name!r} registered twice; rename one of them")
-    _REGISTRY[cls.name] = cls
+    """Class decorator kept while task modules still carry it: checks that `cls` is the table's
+    entry for its name (the table, not the decorator, is what `get_task` reads)."""
+    if TASKS.table.get(cls.name) != f"{cls.__module__}:{cls.__qualname__}":
+        raise TaskError(f"task {cls.name!r} ({cls.__module__}:{cls.__qualname__}) is not in tasks/registry.py's "
+                        "TASKS table; add it there")
     return cls
 
 
-def _load_suites() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for pkg in SUITE_PACKAGES:
-        try:
-            importlib.import_module(pkg)
-        except ModuleNotFoundError as e:
-            if e.name != pkg:  # a real import error inside the suite: surface it
-                raise
-
-
 def all_tasks() -> dict[str, type[Task]]:
-    _load_suites()
-    return dict(sorted(_REGISTRY.items()))
+    return {name: TASKS.load(name) for name in sorted(TASKS.names())}
 
 
 def get_task(name: str) -> Task:
     """An instance of the task called `name`; unknown names raise with the list of known ones."""
-    tasks = all_tasks()
-    if name not in tasks:
-        known = ", ".join(tasks) or "(none)"
-        raise TaskError(f"unknown task {name!r}; known tasks: {known}")
-    return tasks[name]()
+    return TASKS.load(name)()

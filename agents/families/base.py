@@ -16,8 +16,7 @@ from agents.task import AgentTask
 
 
 class Family(ABC):
-    code: ClassVar[str]  # "A".."D"
-    name: ClassVar[str]
+    name: ClassVar[str]  # the registered name: "regression", "needle", "rename", "ledger"
     version: ClassVar[str]
     description: ClassVar[str]
 

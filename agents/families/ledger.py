@@ -1,4 +1,4 @@
-"""Family D: a stateful "project ledger" tool environment seeded from repository facts.
+"""Family `ledger` (D): a stateful "project ledger" tool environment seeded from repository facts.
 
 The database holds the real functions of the standard library's `email` package (signature,
 line count, exceptions raised, source) and the real tests of `test_email` that reference them,
@@ -166,7 +166,7 @@ def state_hash(tickets: list[dict[str, Any]]) -> str:
 
 
 class LedgerFamily(Family):
-    code, name, version = "D", "project-ledger", "1"
+    name, version = "ledger", "1"
     description = "open, assign and link tickets for functions found through a paged API over real repo facts"
 
     def generate(self, seed: int, n: int, n_min: int = 2, n_max: int = 6, scope: str | None = None,
@@ -232,7 +232,7 @@ class LedgerFamily(Family):
         spec_ = {**base, "scope": scope, "exception": exc, "include_methods": methods, "initial_tickets": initial,
                  "gold": gold, "gold_state": state_hash(tickets), "answer": answer}
         limits = {"max_steps": max(40, 2 * len(gold))}
-        return AgentTask(f"D-{scope.split('.')[-1]}-{short_hash(seed, scope, exc, methods)}", self.code, self.version,
+        return AgentTask(f"{self.name}-{scope.split('.')[-1]}-{short_hash(seed, scope, exc, methods)}", self.name, self.version,
                          seed, instr, spec_, limits, {"n_entities": len(targets), "links": links, "scope_functions": len(scoped),
                                                       "gold_tool_calls": len(gold)})
 

@@ -1,4 +1,4 @@
-"""Seeded single-site bug injection by AST (family A), SWE-smith procedural style.
+"""Seeded single-site bug injection by AST (family `regression`), SWE-smith procedural style.
 
 Each operator finds a node with exact source positions and rewrites only the operator or
 constant text on one line, so the mutated file differs from the original in a few characters

@@ -1,4 +1,4 @@
-"""Family B: needle-function retrieval (RepoQA "search needle function", generated offline).
+"""Family `needle` (B): needle-function retrieval (RepoQA "search needle function", generated offline).
 
 Corpus: real pure-Python standard-library packages. A needle is a function or method with a
 unique name, a body of 5-60 lines besides its docstring, and a docstring whose summary
@@ -107,7 +107,7 @@ def normalize_answer(answer: str | None) -> str:
 
 
 class NeedleFunction(Family):
-    code, name, version = "B", "needle-function", "1"
+    name, version = "needle", "1"
     description = "find the stdlib function matching a description (docstring removed); answer path::qualname"
 
     def generate(self, seed: int, n: int, packages: tuple[str, ...] = CORPUS) -> list[AgentTask]:
@@ -133,7 +133,7 @@ class NeedleFunction(Family):
                      f"function or method whose docstring was removed. It does the following:\n\n  {nd.description}\n\n"
                      f"Find it and call submit with its location as `path::qualname`, for example "
                      f"`json/decoder.py::JSONDecoder.raw_decode`.")
-            task = AgentTask(f"B-{nd.name}-{short_hash(seed, answer)}", self.code, self.version, seed, instr, spec,
+            task = AgentTask(f"{self.name}-{nd.name}-{short_hash(seed, answer)}", self.name, self.version, seed, instr, spec,
                              {"max_steps": 40}, {"corpus_files": len(pinned), "needle": answer})
             if validate(self, task) == {"gold": 1.0, "empty": 0.0}:
                 tasks.append(task)

@@ -1,4 +1,4 @@
-"""Family A: regression repair. A seeded AST mutation breaks a real standard-library module;
+"""Family `regression` (A): regression repair. A seeded AST mutation breaks a real standard-library module;
 the agent must make the module's real test suite pass again.
 
 Kept only if the mutated module parses, at least one test that passed in both baseline runs
@@ -40,7 +40,7 @@ def stdlib_repo(module: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
 
 
 class RegressionRepair(Family):
-    code, name, version = "A", "regression-repair", "1"
+    name, version = "regression", "1"
     description = "fix a seeded AST bug in a real stdlib module; graded by F2P and P2P tests"
 
     def generate(self, seed: int, n: int, modules: list[str] | None = None, hint: int = 1,
@@ -126,8 +126,8 @@ class RegressionRepair(Family):
         spec = {"files": pinned, "extra_files": extra, "setup": setup, "test_modules": tmods, "test_dir": "tests/",
                 "f2p": f2p, "p2p": p2p, "gold": gold,
                 "mutation": {"op": m.op, "path": path, "line": m.line, "function": m.function}}
-        tid = f"A-{module}-{short_hash(seed, module, m.line, m.after)}"
-        return AgentTask(tid, self.code, self.version, seed, instruction(hint, f2p, res.output, m.op, m.function, path),
+        tid = f"{self.name}-{module}-{short_hash(seed, module, m.line, m.after)}"
+        return AgentTask(tid, self.name, self.version, seed, instruction(hint, f2p, res.output, m.op, m.function, path),
                          spec, {"max_steps": 30}, {"module": module, "op": m.op, "f2p": len(f2p), "p2p": len(p2p), "hint": hint})
 
     def environment(self, task: AgentTask, container: bool = False) -> WorkspaceEnvironment:

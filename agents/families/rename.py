@@ -1,4 +1,4 @@
-"""Family C: cross-file rename of a package-internal function or class with K call sites.
+"""Family `rename` (C): cross-file rename of a package-internal function or class with K call sites.
 
 Source: the standard library's pure-Python `lib2to3` package and its own test modules.
 A candidate identifier is defined once at module level and appears only as a definition, a
@@ -47,7 +47,7 @@ def is_test(rel: str) -> bool:
 def package_repo() -> dict[str, Any]:
     files = {r: p for r, p in package_files(stdlib_dir() / PACKAGE, PACKAGE).items() if "/tests/data/" not in r}
     if not any(is_test(r) for r in files):
-        raise AgentHarnessError(f"{PACKAGE} has no tests on this machine; family C needs them")
+        raise AgentHarnessError(f"{PACKAGE} has no tests on this machine; family rename needs them")
     return pin(files)
 
 
@@ -103,7 +103,7 @@ def find_candidates(files: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 
 class CrossFileRename(Family):
-    code, name, version = "C", "cross-file-rename", "1"
+    name, version = "rename", "1"
     description = "rename a lib2to3 function/class at K call sites across M files; static + test verified"
 
     def generate(self, seed: int, n: int, k_min: int = 5, k_max: int = 40, max_steps: int | None = None) -> list[AgentTask]:
@@ -164,7 +164,7 @@ class CrossFileRename(Family):
                  f"under {PACKAGE}/tests/ already use the new name; do not edit them. Use search to find the "
                  f"uses, edit them, run the tests, then call submit.")
         limits = {"max_steps": max_steps or max(60, 2 * len(gold))}
-        return AgentTask(f"C-{old}-{short_hash(seed, old, new)}", self.code, self.version, seed, instr, spec, limits,
+        return AgentTask(f"{self.name}-{old}-{short_hash(seed, old, new)}", self.name, self.version, seed, instr, spec, limits,
                          {"K": k, "M": len(sites), "identifier": old, "gold_tool_calls": len(gold)})
 
     def environment(self, task: AgentTask, container: bool = False) -> WorkspaceEnvironment:

@@ -1,29 +1,31 @@
 """`make_backend(kind, **opts)`: the one place that turns a backend kind into an object.
 
-Implementations are imported lazily, so `msa-eval tasks` and `--dry-run` never load torch
-models or HTTP clients. Construction failures become `BackendError` with one clear line.
+`BACKENDS` is the kind -> "module:builder" table (the registry idiom of `msa_common.registry`);
+each builder imports its implementation when called, so `msa-eval tasks` and `--dry-run` never
+load torch models or HTTP clients. Construction failures become `BackendError` with one clear line.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+from msa_common.registry import Registry
 from msa_eval.backends.base import Backend, BackendError
 
-KINDS = ("local", "openai")
+BACKENDS = Registry(
+    table={"local": "msa_eval.backends.factory:build_local", "openai": "msa_eval.backends.factory:build_openai"},
+    unknown=lambda asked, names: BackendError(f"unknown backend {asked!r}: use one of {', '.join(names)}"),
+)
+KINDS = BACKENDS.names()
 
 
 def make_backend(kind: str, **opts: Any) -> Backend:
     """local: model, attention, plus LocalBackend options (device, max_num_seqs, ...).
     openai: base_url, model, plus OpenAIBackendConfig fields; `token_counter` optional."""
-    if kind == "local":
-        return _local(**opts)
-    if kind == "openai":
-        return _openai(**opts)
-    raise BackendError(f"unknown backend {kind!r}: use one of {', '.join(KINDS)}")
+    return BACKENDS.load(kind)(**opts)
 
 
-def _local(model: str, attention: str = "dense", **opts: Any) -> Backend:
+def build_local(model: str, attention: str = "dense", **opts: Any) -> Backend:
     from engine.errors import EngineError
 
     from msa_eval.backends.local import LocalBackend
@@ -40,7 +42,7 @@ def _local(model: str, attention: str = "dense", **opts: Any) -> Backend:
         raise BackendError(f"local backend ({model}, attention={attention}): {e}") from None
 
 
-def _openai(base_url: str | None = None, model: str | None = None, **opts: Any) -> Backend:
+def build_openai(base_url: str | None = None, model: str | None = None, **opts: Any) -> Backend:
     from msa_eval.backends.openai_backend import OpenAIBackend, OpenAIBackendConfig
 
     if not base_url or not model:

@@ -1,35 +1,44 @@
-"""The `msa-eval` command: a thin click group. Each sub-command lives in its own module,
-which exposes `register(group)`; rich rendering lives in `msa_eval.display`."""
+"""The `msa-eval` command: a thin click group over the table of sub-commands. Each command lives
+in its own module and is imported only when it runs (or `--help` lists it), so `msa-eval agent
+list` loads the agent module and nothing else; rich rendering lives in `msa_eval.display`."""
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
+from msa_common.registry import Registry
 from msa_eval import __version__
 
-# One line per sub-command module (each module adds its commands to the group).
-COMMAND_MODULES = [
-    "msa_eval.cli.models",
-    "msa_eval.cli.generate",
-    "msa_eval.cli.serve",
-    "msa_eval.cli.run",
-    "msa_eval.cli.report",
-    "msa_eval.cli.tasks",
-    "msa_eval.cli.agent",
-    "msa_eval.cli.sparsify",
-]
+# name -> the click command (the registry idiom of `msa_common.registry`); `run` is the suite
+# runner with `run agents` beside it (msa_eval.cli.agent.RunDispatch).
+COMMANDS = Registry(
+    table={
+        "agent": "msa_eval.cli.agent:agent",
+        "generate": "msa_eval.cli.generate:generate",
+        "models": "msa_eval.cli.models:models",
+        "report": "msa_eval.cli.report:report",
+        "run": "msa_eval.cli.agent:run",
+        "serve": "msa_eval.cli.serve:serve",
+        "sparsify": "msa_eval.cli.sparsify:sparsify_cmd",
+        "tasks": "msa_eval.cli.tasks:tasks",
+    },
+    unknown=lambda asked, names: click.UsageError(f"No such command {asked!r}."),
+)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS.names())
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return COMMANDS.load(name) if name in COMMANDS else None  # None: click's own "No such command"
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="msa-eval")
 def cli() -> None:
     """Compare MSA, dense GQA and hosted endpoints on long-context work."""
-
-
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(cli)
 
 
 def _harness_errors() -> tuple[type[BaseException], ...]:

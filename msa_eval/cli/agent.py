@@ -1,31 +1,25 @@
 """`msa-eval agent run|list|show` and `msa-eval run agents --suite S`.
 
-`run repo` (the single-prompt forms of families A and B) is the HELMET runner's suite
+Families are named `regression`, `needle`, `rename`, `ledger` (the letters A-D still work).
+`run repo` (the single-prompt forms of `regression` and `needle`) is the HELMET runner's suite
 `configs/repo.yaml`: `msa-eval run repo --backend ...` goes through `run` like any suite.
-If `run` is a plain command, `register` wraps it in a group that keeps `run SUITE ...` working
-and adds `run agents`.
+`run` (below) is that suite command with `run agents` beside it.
+
+The suite cache lives under `$MSA_EVAL_HOME/agent-suites`; this module is where that folder is
+found (`_suite_cache`) and handed down.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
 from msa_eval import display
+from msa_eval.cli.run import run as _suite_run
 
 BACKENDS = ("oracle", "local", "openai")
-
-
-def register(group: click.Group) -> None:
-    group.add_command(agent)
-    existing = group.commands.get("run")
-    if isinstance(existing, click.Group):
-        existing.add_command(run_agents, "agents")
-    else:
-        disp = RunDispatch(existing)
-        disp.add_command(run_agents, "agents")
-        group.add_command(disp, "run")
 
 
 class RunDispatch(click.Group):
@@ -54,7 +48,7 @@ class RunDispatch(click.Group):
 
 @click.group()
 def agent() -> None:
-    """Long-horizon tool-calling agents on repository tasks (families A-D)."""
+    """Long-horizon tool-calling agents on repository tasks (families regression, needle, rename, ledger)."""
 
 
 def _backend_opts(f):
@@ -136,45 +130,83 @@ def _make_backend(kw: dict[str, Any]):
     return (lambda task: b), key, b.describe()
 
 
+_CACHE_NOTED: list[bool] = []
+
+
+def _suite_cache() -> Path:
+    """Where agent suites are cached: `$MSA_EVAL_HOME/agent-suites` (read here, at the edge).
+    `MSA_EVAL_CACHE`, the old second variable, is no longer read: say so once, never move silently."""
+    from msa_common.home import msa_eval_home
+
+    cache = msa_eval_home() / "agent-suites"
+    if os.environ.get("MSA_EVAL_CACHE") and not _CACHE_NOTED:
+        _CACHE_NOTED.append(True)
+        display.info(f"note: MSA_EVAL_CACHE is no longer read; agent suites are cached under MSA_EVAL_HOME "
+                     f"({cache}): set MSA_EVAL_HOME to choose the folder")
+    return cache
+
+
+def _open_suite(kw: dict[str, Any]):
+    from agents.suite import open_suite
+
+    return open_suite(kw["suite"], kw["config_path"], _suite_cache())
+
+
+def _task_row(t) -> dict[str, Any]:
+    return {"id": t.id, "max_steps": t.limits.get("max_steps"), "gold_tool_calls": len(t.gold), "knobs": t.knobs,
+            "hash": t.content_hash()}
+
+
 @agent.command("list")
 @click.option("--suite", default="default", show_default=True)
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
-@click.option("--regenerate", is_flag=True, help="Regenerate instead of reading the cache.")
+@click.option("--validate", is_flag=True, help="Generate and gold-validate the entries not cached yet (minutes).")
+@click.option("--regenerate", is_flag=True, help="Generate and validate every entry again, ignoring the cache.")
 @click.option("--json", "as_json", is_flag=True)
-def list_cmd(suite, config_path, regenerate, as_json) -> None:
-    """List the tasks of an agent suite (generating and validating them on first use)."""
-    from agents.suite import load_suite
+def list_cmd(suite, config_path, validate, regenerate, as_json) -> None:
+    """List the entries of an agent suite and the tasks of those already generated (at once: tasks
+    are generated and validated when first run, or here with --validate)."""
+    from agents.families import get_family
+    from agents.suite import entry_status, entry_tasks
 
-    tasks = load_suite(suite, config_path, regenerate)
-    rows = [{"id": t.id, "family": t.family, "max_steps": t.limits.get("max_steps"), "gold_tool_calls": len(t.gold),
-             "knobs": t.knobs, "hash": t.content_hash()} for t in tasks]
+    s = _open_suite({"suite": suite, "config_path": config_path})
+    rows = []
+    for e in s.entries:
+        if validate or regenerate:
+            status, tasks = "cached", entry_tasks(e, s.cache, regenerate)
+        else:
+            status, tasks = entry_status(e, s.cache)
+        rows.append({"family": e.family, "entry": e.index, "seed": e.seed, "n": e.n, "knobs": e.knobs,
+                     "description": get_family(e.family).description, "cache": status,
+                     "tasks": [_task_row(t) for t in tasks]})
     display.print_json(rows) if as_json else display.agent_tasks_table(suite, rows)
 
 
 @agent.command("run")
-@click.option("--task", "task_ref", required=True, help="FAMILY (first task of A/B/C/D) or FAMILY:ID or ID.")
+@click.option("--task", "task_ref", required=True,
+              help="FAMILY (its first task: regression, needle, rename, ledger or A-D), FAMILY:ID or ID.")
 @_backend_opts
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Trajectory path (default runs/agents/<task>-<backend>.jsonl).")
 @click.option("--resume", "resume", is_flag=True, help="Continue the trajectory at --out.")
 @click.option("--source", type=click.Path(path_type=Path), default=None,
-              help="Family A from your own repository (a directory with test_*.py files) instead of the suite.")
+              help="A regression task from your own repository (a directory with test_*.py files) instead of the suite.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Generator seed with --source.")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
-    """Run one agent task through the loop and grade it."""
+    """Run one agent task through the loop and grade it (generating its suite entry on first use)."""
     from agents.run_one import run_task
-    from agents.suite import find_task, load_suite
+    from agents.suite import find_task
 
     if source is not None:
         from agents.errors import AgentHarnessError
         from agents.families import get_family
 
-        tasks = get_family("A").generate(seed, 1, source=str(source))
+        tasks = get_family("regression").generate(seed, 1, source=str(source))
         if not tasks:
             raise AgentHarnessError(f"no single-site mutation of {source} breaks its tests; try another --seed or repository")
         task = tasks[0]
     else:
-        task = find_task(load_suite(kw["suite"], kw["config_path"]), task_ref)
+        task = find_task(_open_suite(kw), task_ref)
     factory, key, _ = _make_backend(kw)
     out = out or Path("runs") / "agents" / f"{task.id}-{key.replace(':', '-')}.jsonl"
     res = run_task(task, factory(task), _config(kw), out, resume=resume, container=_container(kw))
@@ -204,20 +236,17 @@ def show_cmd(trajectory, max_chars, as_json) -> None:
 @click.command("agents")
 @_backend_opts
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True, help="Tasks in flight, >= 1.")
-@click.option("--families", default=None, help="Only these families, e.g. A,B.")
+@click.option("--families", default=None, help="Only these families, e.g. regression,needle (or A,B).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N tasks (>= 1).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/agents-<suite>-<backend>).")
 @click.option("--json", "as_json", is_flag=True)
 def run_agents(concurrency, families, limit, out, as_json, **kw) -> None:
     """Run an agent suite as a batch (resumable: rerun the same command to continue)."""
     from agents.batch import run_batch
-    from agents.suite import load_suite
+    from agents.suite import suite_tasks
 
-    tasks = load_suite(kw["suite"], kw["config_path"])
-    if families:
-        keep = {f.strip().upper() for f in families.split(",")}
-        tasks = [t for t in tasks if t.family in keep]
-    tasks = tasks[:limit] if limit else tasks
+    only = [f for f in families.split(",") if f.strip()] if families else None
+    tasks = suite_tasks(_open_suite(kw), only, limit)
     factory, key, info = _make_backend(kw)
     out = out or Path("runs") / f"agents-{kw['suite']}-{key.replace(':', '-')}"
     display.info(f"run directory: {out} ({len(tasks)} tasks)")
@@ -228,3 +257,7 @@ def run_agents(concurrency, families, limit, out, as_json, **kw) -> None:
         display.print_json(rows)
     else:
         display.agent_summary_table(rows, summary.ran, summary.skipped)
+
+
+run = RunDispatch(_suite_run)  # `msa-eval run SUITE ...` and `msa-eval run agents ...`
+run.add_command(run_agents, "agents")

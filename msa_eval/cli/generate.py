@@ -8,10 +8,6 @@ from msa_eval import display
 SEED_MAX = 2**63 - 1  # torch generators take a signed 64-bit seed
 
 
-def register(group: click.Group) -> None:
-    group.add_command(generate)
-
-
 @click.command()
 @click.argument("prompt")
 @click.option("--model", default="smollm2-135m", show_default=True, help="Built-in name, HF directory or .gguf path.")

@@ -6,10 +6,6 @@ import click
 from msa_eval import display
 
 
-def register(group: click.Group) -> None:
-    group.add_command(models)
-
-
 @click.group()
 def models() -> None:
     """The model store: built-in models and local checkpoints."""

@@ -8,10 +8,6 @@ import click
 from msa_eval import display
 
 
-def register(group: click.Group) -> None:
-    group.add_command(report)
-
-
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=None,

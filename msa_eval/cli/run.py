@@ -12,10 +12,6 @@ import click
 from msa_eval import display
 
 
-def register(group: click.Group) -> None:
-    group.add_command(run)
-
-
 @click.command()
 @click.argument("suite", default="helmet")
 @click.option("--backend", "backend_kind", type=click.Choice(["local", "openai"]), default="local",

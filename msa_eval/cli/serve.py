@@ -53,9 +53,5 @@ def serve(model: str, attention: str, host: str, port: int, max_batch: int, max_
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
-def register(group: click.Group) -> None:
-    group.add_command(serve)
-
-
 if __name__ == "__main__":  # python -m msa_eval.cli.serve ... (same options)
     serve()

@@ -10,10 +10,6 @@ import click
 from msa_eval import display
 
 
-def register(group: click.Group) -> None:
-    group.add_command(sparsify_cmd)
-
-
 def _layers(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None

@@ -6,10 +6,6 @@ import click
 from msa_eval import display
 
 
-def register(group: click.Group) -> None:
-    group.add_command(tasks)
-
-
 @click.group()
 def tasks() -> None:
     """Offline tasks (HELMET-style suite, repo-scale coding, ...)."""

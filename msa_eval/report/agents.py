@@ -93,14 +93,25 @@ def _row(backend: str, family: str, rs: list[dict[str, Any]]) -> dict[str, Any]:
             "cost_usd": _cost(rs), "statuses": dict(sorted(Counter(r.get("status", "?") for r in rs).items()))}
 
 
+def _family(record: dict[str, Any]) -> str:
+    """The record's family by name (records written before the names carry the letters A-D)."""
+    from agents.families import FAMILIES
+
+    fam = str(record.get("family", "?"))
+    return FAMILIES.find(fam) or fam
+
+
 def build_agent_report(records: list[dict[str, Any]]) -> AgentReport:
+    from agents.families import family_names
+
+    order = {f: i for i, f in enumerate(family_names())}
     rows = []
     for b in dict.fromkeys(r["backend"] for r in records):
         rs = [r for r in records if r["backend"] == b]
-        for fam in sorted({r.get("family", "?") for r in rs}):
-            rows.append(_row(b, fam, [r for r in rs if r.get("family", "?") == fam]))
+        for fam in sorted({_family(r) for r in rs}, key=lambda f: (order.get(f, len(order)), f)):
+            rows.append(_row(b, fam, [r for r in rs if _family(r) == fam]))
         rows.append(_row(b, "overall", rs))
-    notes = ["success rate = mean score (0-1, partial credit in family C); overall = over all tasks; "
+    notes = ["success rate = mean score (0-1, partial credit in family rename); overall = over all tasks; "
              "tokens = prompt + completion summed over calls; cost empty when unknown"]
     return AgentReport(rows, notes)
 

@@ -1,8 +1,8 @@
 """Agent test fixtures: one small generated suite per session (real stdlib sources, validated),
-with the suite cache in a temporary directory; counts the fuzz tests fill, printed in the summary."""
+an MSA_EVAL_HOME of its own for the suite cache (library calls get its agent-suites folder
+passed in; CLI subprocesses get the variable); counts the fuzz tests fill, printed in the summary."""
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
@@ -11,33 +11,33 @@ FUZZ_COUNTS = pytest.StashKey[dict]()
 
 
 @pytest.fixture(scope="session")
-def agent_cache(tmp_path_factory):
-    d = tmp_path_factory.mktemp("agent-cache")
-    old = os.environ.get("MSA_EVAL_CACHE")
-    os.environ["MSA_EVAL_CACHE"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("MSA_EVAL_CACHE", None)
-    else:
-        os.environ["MSA_EVAL_CACHE"] = old
+def agent_home(tmp_path_factory):
+    """An MSA_EVAL_HOME for agent suites (no models live here: the agent tests use the oracle)."""
+    return tmp_path_factory.mktemp("agent-home")
 
 
 @pytest.fixture(scope="session")
-def small_tasks(agent_cache):
-    """{family: [tasks]}: A (colorsys, 1), B (2), C (1, 5-12 sites), D (2)."""
+def agent_cache(agent_home):
+    """The suite cache folder the CLI derives from `agent_home`."""
+    return agent_home / "agent-suites"
+
+
+@pytest.fixture(scope="session")
+def small_tasks():
+    """{family: [tasks]}: regression (colorsys, 1), needle (2), rename (1, 5-12 sites), ledger (2)."""
     from agents.families import get_family
 
     return {
-        "A": get_family("A").generate(0, 1, modules=["colorsys"]),
-        "B": get_family("B").generate(0, 2),
-        "C": get_family("C").generate(0, 1, k_min=5, k_max=12),
-        "D": get_family("D").generate(0, 2, n_min=2, n_max=4),
+        "regression": get_family("regression").generate(0, 1, modules=["colorsys"]),
+        "needle": get_family("needle").generate(0, 2),
+        "rename": get_family("rename").generate(0, 1, k_min=5, k_max=12),
+        "ledger": get_family("ledger").generate(0, 2, n_min=2, n_max=4),
     }
 
 
 @pytest.fixture()
 def d_task(small_tasks):
-    return small_tasks["D"][0]
+    return small_tasks["ledger"][0]
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 SUITE = {"suites": {"killme": {"seed": 0, "families": {
-    "D": [{"n": 2, "n_min": 2, "n_max": 4},
+    "ledger": [{"n": 2, "n_min": 2, "n_max": 4},
           {"n": 1, "scope": "email", "exception": "HeaderParseError", "include_methods": True}]}}}}
 
 
@@ -26,15 +26,15 @@ def _steps(p: Path) -> int:
     return sum(1 for line in p.read_text().splitlines() if line.startswith('{"type": "step"')) if p.exists() else 0
 
 
-def test_kill_minus_nine_then_rerun_resumes(agent_cache, tmp_path):
+def test_kill_minus_nine_then_rerun_resumes(agent_home, agent_cache, tmp_path):
     from agents.suite import load_suite
 
     config = tmp_path / "agents.yaml"
     config.write_text(yaml.safe_dump(SUITE))
-    tasks = load_suite("killme", config)  # generated once, cached for the subprocesses
+    tasks = load_suite("killme", config, cache=agent_cache)  # generated once, cached for the subprocesses
     long_id = tasks[-1].id
     out = tmp_path / "run"
-    env = {**os.environ, "MSA_EVAL_CACHE": str(agent_cache)}
+    env = {**os.environ, "MSA_EVAL_HOME": str(agent_home)}
     proc = subprocess.Popen(_cmd(config, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     long_traj = out / "trajectories" / f"{long_id}.jsonl"

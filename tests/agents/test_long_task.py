@@ -9,10 +9,10 @@ from agents.suite import load_suite_config
 
 def test_default_suite_has_a_long_horizon_task(agent_cache, tmp_path):
     suite = load_suite_config("default")
-    long_entries = [e for e in suite["families"]["D"] if "scope" in e]
-    assert long_entries, "the default suite must keep its long family-D entry"
+    long_entries = [e for e in suite["families"]["ledger"] if "scope" in e]
+    assert long_entries, "the default suite must keep its long ledger entry"
     knobs = {k: v for k, v in long_entries[0].items() if k != "n"}
-    (task,) = get_family("D").generate(suite["seed"], 1, **knobs)
+    (task,) = get_family("ledger").generate(suite["seed"], 1, **knobs)
     res = run_task(task, "oracle", AgentConfig(), tmp_path / "long.jsonl")
     assert res.status == "submitted" and res.score == 1.0
     assert res.tool_calls >= 100

@@ -90,7 +90,7 @@ def test_resume_after_a_crash_mid_trajectory(d_task, tmp_path):
 
 
 def test_resume_restores_a_workspace(small_tasks, tmp_path):
-    task = small_tasks["A"][0]
+    task = small_tasks["regression"][0]
     path = tmp_path / "a.jsonl"
     run_task(task, "oracle", AgentConfig(), path)
     lines = path.read_text().splitlines()

@@ -57,7 +57,7 @@ def test_twenty_step_session_over_http_is_complete_and_resumable(server, agent_c
     from agents.families import get_family
     from msa_eval.backends.factory import make_backend
 
-    task = get_family("B").generate(0, 1)[0]
+    task = get_family("needle").generate(0, 1)[0]
     backend = make_backend("openai", base_url=server, model="smollm2-135m")
     cfg = AgentConfig(AgentLimits(max_steps=20, max_output_tokens=12, context_window=8192,
                                   max_consecutive_format_errors=100), context_policy="truncate-observations",

@@ -31,13 +31,13 @@ def _records(run_dir):
 
 def test_agent_report_cli_tables_match_the_records(agent_run, run_cli, tmp_path):
     recs = _records(agent_run)
-    assert is_agent_run(agent_run) and {r["family"] for r in recs} == {"A", "B", "C", "D"}
+    assert is_agent_run(agent_run) and {r["family"] for r in recs} == {"regression", "needle", "rename", "ledger"}
     out = tmp_path / "rep"
     p = run_cli("report", str(agent_run), "--out", str(out), "--markdown")
     assert p.returncode == 0, p.stderr
     assert "| oracle |" in p.stdout and "| overall |" in p.stdout
     rows = list(csv.DictReader((out / "agents.csv").open()))
-    assert [r["family"] for r in rows] == ["A", "B", "C", "D", "overall"]
+    assert [r["family"] for r in rows] == ["regression", "needle", "rename", "ledger", "overall"]
     overall = json.loads((out / "agents.json").read_text())["rows"][-1]
     assert overall["tasks"] == len(recs) == 4
     assert overall["success_rate"] == pytest.approx(sum(r["score"] for r in recs) / 4, abs=1e-3)
@@ -49,8 +49,8 @@ def test_agent_report_cli_tables_match_the_records(agent_run, run_cli, tmp_path)
     for r in recs:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     assert overall["statuses"] == statuses
-    c_row = next(r for r in rows if r["family"] == "C")
-    c_rec = next(r for r in recs if r["family"] == "C")
+    c_row = next(r for r in rows if r["family"] == "rename")
+    c_rec = next(r for r in recs if r["family"] == "rename")
     assert int(c_row["total_tokens"]) == c_rec["prompt_tokens"] + c_rec["completion_tokens"]
     assert not (out / "report.md").exists()  # no HELMET run, no HELMET table
 
@@ -66,6 +66,16 @@ def test_agent_rows_per_backend_and_unknown_hosted_cost(agent_run):
     assert all(r["model"] == "m" for r in rep.rows if r["backend"] == "openai:m")
     again = load_agent_runs([agent_run, agent_run])  # same folder twice: no renamed duplicate column
     assert {r["backend"] for r in again} == {"oracle"}
+
+
+def test_records_with_letters_are_reported_by_name(agent_run):
+    """Records written before the families had names (family "A".."D") join the named rows."""
+    recs = load_agent_runs([agent_run])
+    letters = {"regression": "A", "needle": "B", "rename": "C", "ledger": "D"}
+    old = [{**r, "family": letters[r["family"]]} for r in recs]
+    assert build_agent_report(old).rows == build_agent_report(recs).rows
+    mixed = build_agent_report(recs + [{**recs[0], "family": letters[recs[0]["family"]]}])
+    assert [r["tasks"] for r in mixed.rows if r["family"] == recs[0]["family"]] == [2]
 
 
 def test_mixed_helmet_and_agent_report(needle_run, agent_run, run_cli, tmp_path):
