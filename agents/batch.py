@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from agents.config import AgentConfig, TERMINAL_STATUSES
 from agents.errors import AgentHarnessError
+from agents.families import canonical_task_id
 from agents.run_one import run_task
 from agents.task import AgentTask
 
@@ -102,7 +103,8 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
                 "versions": {"msa_eval": __version__}, "git_commit": _git_commit(), "status": "running",
                 "updated_at": time.time()}
     _atomic_json(mpath, manifest)
-    done = {r["task_id"] for r in read_records(run_dir) if r.get("status") in TERMINAL_STATUSES}
+    done = {canonical_task_id(r["task_id"]) for r in read_records(run_dir)  # ids from before the family names too
+            if r.get("status") in TERMINAL_STATUSES}
     todo = [t for t in tasks if t.id not in done]
     lock = threading.Lock()
     new: list[dict[str, Any]] = []

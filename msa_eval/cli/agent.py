@@ -252,7 +252,10 @@ def run_agents(concurrency, families, limit, out, as_json, **kw) -> None:
     display.info(f"run directory: {out} ({len(tasks)} tasks)")
     summary = run_batch(tasks, factory, key, info, _config(kw), out, kw["suite"], concurrency,
                         on_result=None if as_json else display.agent_record_line, container=_container(kw))
-    rows = [r for r in summary.records if r["task_id"] in {t.id for t in tasks}]
+    from agents.families import canonical_task_id
+
+    ids = {t.id for t in tasks}
+    rows = [r for r in summary.records if canonical_task_id(r["task_id"]) in ids]
     if as_json:
         display.print_json(rows)
     else:

@@ -123,3 +123,27 @@ def test_suite_tasks_filters_families_and_stops_at_the_limit(tmp_path):
     assert suite_tasks(s, families=["D"]) == suite_tasks(s, families=["ledger"]) == [t]
     with pytest.raises(UnknownTaskError, match="unknown task family 'Q'"):
         suite_tasks(s, families=["Q"])
+
+
+def test_a_batch_begun_with_letter_ids_resumes_without_redoing_its_tasks(tmp_path):
+    """A run directory written before the names (task ids "D-...", family "D"): its finished tasks
+    count as done, so nothing is run twice and the report sees one record per task."""
+    from agents.batch import run_batch
+    from agents.config import AgentConfig
+    from agents.oracle import OraclePolicy
+
+    s = _suite(tmp_path, {"ledger": [{"n": 1, "n_min": 2, "n_max": 4}]})
+    (task,) = suite_tasks(s)
+    out = tmp_path / "run"
+
+    def run():
+        return run_batch([task], lambda t: OraclePolicy(t.gold, task_id=t.id), "oracle", {"name": "oracle"},
+                         AgentConfig(), out, "s")
+
+    assert run().ran == 1
+    for name in ("records.jsonl", "manifest.json"):  # as the same run looked before the names
+        p = out / name
+        p.write_text(p.read_text().replace(task.id, "D-" + task.id.partition("-")[2]).replace('"family": "ledger"',
+                                                                                              '"family": "D"'))
+    again = run()
+    assert (again.ran, again.skipped) == (0, 1) and len(again.records) == 1
