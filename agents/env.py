@@ -1,7 +1,7 @@
 """The environment an agent acts in: tools, checkpoint/restore (for resume) and grading.
 
 Coding families use `WorkspaceEnvironment` (a repository copy plus the workspace tools);
-family D brings its own in-process API. The loop only sees this interface.
+family `ledger` brings its own in-process API. The loop only sees this interface.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ entries of the family the reference names are generated. Unknown ids raise namin
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import sys
@@ -33,7 +34,7 @@ from msa_common.atomic import atomic_write_text
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "agents.yaml"
 CACHE_SCHEMA = "msa-eval.agent-suite-cache/1"
-_CODE_PACKAGES = ("agents", "tasks", "msa_common")  # what generation runs: its bytes are in the key
+_CODE_PACKAGES = ("agents", "tasks", "msa_common")  # generation's code: its bytes are in the key
 
 Status = Literal["cached", "missing", "stale", "corrupt"]
 
@@ -106,19 +107,53 @@ def open_suite(name: str, config: Path | None, cache: Path) -> Suite:
 
 
 # -- the cache ------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def _code_hash() -> str:
+def _module_file(root: Path, name: str) -> Path | None:
+    if name.partition(".")[0] not in _CODE_PACKAGES:
+        return None
+    base = root.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+@lru_cache(maxsize=None)
+def _imports(path: Path) -> list[str]:
+    """Every absolute import in a file (module level and inside functions), as module names."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return out
+
+
+@lru_cache(maxsize=None)
+def _code_hash(family: str) -> str:
+    """SHA-256 over the family module and every module of ours it imports, transitively (read
+    statically, so the key does not depend on what this process happened to import)."""
     root = Path(__file__).resolve().parent.parent
+    seen: dict[str, Path] = {}
+    todo = [FAMILIES.table[family].partition(":")[0]]
+    while todo:
+        name = todo.pop()
+        path = _module_file(root, name)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages above run on import too
+        todo += _imports(path)
     h = hashlib.sha256()
-    for pkg in _CODE_PACKAGES:
-        for p in sorted((root / pkg).rglob("*.py")):
-            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    for p in sorted(seen.values()):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
 
 
 def entry_key(entry: Entry) -> str:
     blob = json.dumps({"family": entry.family, "version": get_family(entry.family).version, "seed": entry.seed,
-                       "n": entry.n, "knobs": entry.knobs, "code": _code_hash(), "python": sys.version,
+                       "n": entry.n, "knobs": entry.knobs, "code": _code_hash(entry.family), "python": sys.version,
                        "prefix": sys.base_prefix}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

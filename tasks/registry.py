@@ -36,15 +36,6 @@ TASKS = Registry(
 )
 
 
-def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator kept while task modules still carry it: checks that `cls` is the table's
-    entry for its name (the table, not the decorator, is what `get_task` reads)."""
-    if TASKS.table.get(cls.name) != f"{cls.__module__}:{cls.__qualname__}":
-        raise TaskError(f"task {cls.name!r} ({cls.__module__}:{cls.__qualname__}) is not in tasks/registry.py's "
-                        "TASKS table; add it there")
-    return cls
-
-
 def all_tasks() -> dict[str, type[Task]]:
     return {name: TASKS.load(name) for name in sorted(TASKS.names())}
 

@@ -12,10 +12,8 @@ from tasks.helmet import world
 from tasks.helmet.common import finish, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import citation_scores
-from tasks.registry import register_task
 
 
-@register_task
 class CiteAnalogue(Task):
     name = "cite"
     category = "cite"

@@ -12,7 +12,6 @@ from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
 from tasks.helmet.common import after_prefix, finish, rng_for
 from tasks.helmet.fitting import fit_parts
 from tasks.metrics import exact_match
-from tasks.registry import register_task
 
 TOPICS = {
     "weather": "rain snow storm forecast thunder humidity drizzle frost breeze sunshine",
@@ -39,7 +38,6 @@ def _example(rng: random.Random, topic: str) -> str:
     return rng.choice(TEMPLATES).format(a=a, b=b)
 
 
-@register_task
 class ManyShotICL(Task):
     name = "icl"
     category = "icl"

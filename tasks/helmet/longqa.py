@@ -13,7 +13,6 @@ from tasks.helmet import story
 from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import exact_match, rouge_l, substring_exact_match
-from tasks.registry import register_task
 
 
 class _StoryQA(Task):
@@ -63,7 +62,6 @@ class _StoryQA(Task):
                       question=question)
 
 
-@register_task
 class LongQA(_StoryQA):
     name = "longqa"
     metric = "rougeL_f1"
@@ -80,7 +78,6 @@ class LongQA(_StoryQA):
                 "subem": substring_exact_match(output, sample.answers)}
 
 
-@register_task
 class LongQAChoice(_StoryQA):
     name = "longqa_mc"
     metric = "exact_match"

@@ -11,10 +11,8 @@ from tasks.helmet import world
 from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import substring_exact_match
-from tasks.registry import register_task
 
 
-@register_task
 class RagAnalogue(Task):
     name = "rag"
     category = "rag"

@@ -15,7 +15,6 @@ from tasks.helmet import text
 from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import ruler_recall
-from tasks.registry import register_task
 
 
 class NiahTask(Task):
@@ -97,27 +96,23 @@ class NiahTask(Task):
                 "parsed": parsed or None, "extraction_failed": not parsed}
 
 
-@register_task
 class NiahSingle(NiahTask):
     name = "niah_single"
     description = "RULER niah_single_2: one word-key -> 7-digit number needle in essay prose"
 
 
-@register_task
 class NiahSingleNoise(NiahTask):
     name = "niah_single_noise"
     haystack = "noise"
     description = "RULER niah_single_1: one needle in the repeated 'grass is green' noise haystack"
 
 
-@register_task
 class NiahMultiKey2(NiahTask):
     name = "niah_mk2"
     haystack = "needle"
     description = "RULER niah_multikey_2 (HELMET recall): haystack made of distractor needles (word keys, numbers)"
 
 
-@register_task
 class NiahMultiKey3(NiahTask):
     name = "niah_mk3"
     haystack = "needle"
@@ -127,7 +122,6 @@ class NiahMultiKey3(NiahTask):
     description = "RULER niah_multikey_3 (HELMET recall): UUID keys and UUID values, needle haystack"
 
 
-@register_task
 class NiahMultiValue(NiahTask):
     name = "niah_mv"
     num_values = 4

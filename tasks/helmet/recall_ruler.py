@@ -11,7 +11,6 @@ from tasks.helmet import text
 from tasks.helmet.common import after_prefix, finish, first_line, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import ruler_recall
-from tasks.registry import register_task
 
 
 class _RulerTask(Task):
@@ -31,7 +30,6 @@ def _coded_word(rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 6)))
 
 
-@register_task
 class VariableTracking(_RulerTask):
     name = "vt"
     max_tokens = 48
@@ -65,7 +63,6 @@ class VariableTracking(_RulerTask):
         return finish(self, index, spec, fit, names, seed, depth=fracs[0])
 
 
-@register_task
 class CommonWords(_RulerTask):
     name = "cwe"
     max_tokens = 96
@@ -92,7 +89,6 @@ class CommonWords(_RulerTask):
         return finish(self, index, spec, fit, common, seed)
 
 
-@register_task
 class FrequentWords(_RulerTask):
     name = "fwe"
     max_tokens = 48

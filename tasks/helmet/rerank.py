@@ -11,10 +11,8 @@ from tasks.helmet import world
 from tasks.helmet.common import after_prefix, finish, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import ndcg_at_k, parse_ranking
-from tasks.registry import register_task
 
 
-@register_task
 class RerankAnalogue(Task):
     name = "rerank"
     category = "rerank"

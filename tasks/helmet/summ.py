@@ -14,10 +14,8 @@ from tasks.helmet import story
 from tasks.helmet.common import after_prefix, finish, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import normalize_answer, rouge_l
-from tasks.registry import register_task
 
 
-@register_task
 class SummAnalogue(Task):
     name = "summ"
     category = "summ"

@@ -1,4 +1,3 @@
-"""Loaders for the real HELMET and RULER data files, when a user has them on disk.
-Importing this package registers `helmet_json_kv_file` and `ruler_file` (both need
-`options: {path: ...}` in a suite file)."""
-from tasks.loaders import files  # noqa: F401
+"""Loaders for the real HELMET and RULER data files, when a user has them on disk:
+the tasks `helmet_json_kv_file` and `ruler_file` (both need `options: {path: ...}` in a
+suite file; listed in `tasks/registry.py`)."""

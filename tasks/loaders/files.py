@@ -16,7 +16,6 @@ from tasks.base import BuildSpec, PromptParts, Sample, Task, TaskError, failed_s
 from tasks.helmet.common import after_prefix, finish, first_line
 from tasks.helmet.fitting import Fit, count_tokens, truncate_context
 from tasks.metrics import ruler_recall, substring_exact_match
-from tasks.registry import register_task
 
 
 @lru_cache(maxsize=8)
@@ -51,7 +50,6 @@ class _FileTask(Task):
         return rows[index]
 
 
-@register_task
 class HelmetJsonKVFile(_FileTask):
     name = "helmet_json_kv_file"
     category = "recall"
@@ -85,7 +83,6 @@ class HelmetJsonKVFile(_FileTask):
                 "parsed": parsed or None, "extraction_failed": not parsed}
 
 
-@register_task
 class RulerFile(_FileTask):
     name = "ruler_file"
     category = "recall"

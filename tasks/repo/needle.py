@@ -1,4 +1,4 @@
-"""repo_needle: the single-prompt form of family B (RepoQA search-needle-function, offline).
+"""repo_needle: the single-prompt form of family `needle` (RepoQA search-needle-function, offline).
 
 Context: chunks of real standard-library source (json, email, http, html, urllib) fitted to
 the target length with the reference tokenizer; the needle function, docstring removed, sits
@@ -14,7 +14,6 @@ from typing import Any
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
 from tasks.helmet.common import depth_for, finish, first_line, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
-from tasks.registry import register_task
 from tasks.repo.context import distractors, excerpt, place
 
 
@@ -27,7 +26,6 @@ def _corpus() -> tuple[dict[str, str], tuple]:
     return files, tuple(find_needles(files))
 
 
-@register_task
 class RepoNeedle(Task):
     name = "repo_needle"
     category = "repo"

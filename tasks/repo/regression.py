@@ -1,4 +1,4 @@
-"""repo_regression: the single-prompt form of family A (regression repair).
+"""repo_regression: the single-prompt form of family `regression` (regression repair).
 
 One family-A task per sample (a seeded AST bug in a real stdlib module, validated: gold
 scores 1, untouched scores 0). The prompt holds the failing tests' first traceback, the buggy
@@ -16,7 +16,6 @@ from typing import Any
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
 from tasks.helmet.common import depth_for, finish, rng_for
 from tasks.helmet.fitting import cut_to_tokens, fit_parts
-from tasks.registry import register_task
 from tasks.repo.context import distractors, excerpt, place
 
 MODULES = ("colorsys", "fractions", "shlex", "string", "getopt", "quopri")
@@ -39,7 +38,6 @@ def parse_edits(output: str) -> list[tuple[str, str]]:
     return [(a, b) for a, b in _BLOCK.findall(output or "")]
 
 
-@register_task
 class RepoRegression(Task):
     name = "repo_regression"
     category = "repo"

@@ -87,8 +87,8 @@ PREP = "mkdir -p pkg && echo 'x = 1' > pkg/a.py && echo hello > README && printf
 
 
 def _bad_calls():
-    """The fixture's workspace recreated with bash, then every bad call the file tools of family A take."""
-    bad = [(n, a) for n, a, _ in MODEL_ERRORS if n not in ("list_dir", "search")]  # family A has no list_dir/search
+    """The fixture's workspace recreated with bash, then every bad call the file tools of a regression task take."""
+    bad = [(n, a) for n, a, _ in MODEL_ERRORS if n not in ("list_dir", "search")]  # regression tasks have no list_dir/search
     return [{"name": "bash", "arguments": {"command": PREP}}] + [{"name": n, "arguments": a} for n, a in bad]
 
 

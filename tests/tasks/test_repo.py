@@ -1,4 +1,4 @@
-"""Single-prompt repository tasks (families A and B in long-context form): fitted to the target
+"""Single-prompt repository tasks (families `regression` and `needle` in long-context form): fitted to the target
 length with the real tokenizer, deterministic, the needle at its depth, gold scores 1, empty
 and wrong answers 0, and the regression answer graded by the module's real tests."""
 from __future__ import annotations
