@@ -27,6 +27,8 @@ from agents.errors import AgentHarnessError
 from agents.families import canonical_task_id
 from agents.run_one import run_task
 from agents.task import AgentTask
+from msa_common import __version__
+from msa_common.atomic import atomic_write_json
 
 RUN_SCHEMA = "msa-eval.agent-run/1"
 
@@ -37,12 +39,6 @@ class BatchSummary:
     ran: int
     skipped: int
     records: list[dict[str, Any]]
-
-
-def _atomic_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -82,8 +78,6 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
               concurrency: int = 1, on_result: Callable[[dict[str, Any]], None] | None = None,
               container: bool = False) -> BatchSummary:
     """Run every task not yet recorded in `run_dir` (resuming partial trajectories)."""
-    from msa_eval import __version__
-
     run_dir = Path(run_dir)
     (run_dir / "trajectories").mkdir(parents=True, exist_ok=True)
     ident = {"suite": suite, "config_hash": config.hash(), "backend": backend_key,
@@ -102,7 +96,7 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
                 "sandbox": "docker" if container else "local",
                 "versions": {"msa_eval": __version__}, "git_commit": _git_commit(), "status": "running",
                 "updated_at": time.time()}
-    _atomic_json(mpath, manifest)
+    atomic_write_json(mpath, manifest)
     done = {canonical_task_id(r["task_id"]) for r in read_records(run_dir)  # ids from before the family names too
             if r.get("status") in TERMINAL_STATUSES}
     todo = [t for t in tasks if t.id not in done]
@@ -128,5 +122,5 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         list(pool.map(one, todo))
     manifest.update(status="complete", updated_at=time.time())
-    _atomic_json(mpath, manifest)
+    atomic_write_json(mpath, manifest)
     return BatchSummary(run_dir, len(todo), len(tasks) - len(todo), read_records(run_dir))

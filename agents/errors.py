@@ -5,7 +5,7 @@ the model as the tool result. Everything else is the harness's: typed, one line,
 """
 from __future__ import annotations
 
-from msa_eval.errors import MsaEvalError
+from msa_common.errors import MsaEvalError
 
 
 class ToolError(Exception):

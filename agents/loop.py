@@ -20,17 +20,18 @@ from agents.config import AgentConfig, AgentResult
 from agents.context import ContextPolicy, summary_request
 from agents.env import Environment, Grade
 from agents.errors import AgentHarnessError, EnvironmentFailure, ToolError, ToolFormatError
+from agents.protocol import BackendError, ChatModel, ToolCall
 from agents.task import AgentTask
 from agents.tokens import MessageCounter, counter_for
 from agents.trajectory import SCHEMA, TrajectoryWriter, read_trajectory
-from msa_eval.backends.base import BackendError, ToolCall
+from msa_common import __version__
 
 SYSTEM = ("You are an autonomous software agent working in a repository or tool environment. "
           "Act only through the tools. Make one or a few tool calls per reply. Call submit when done.")
 
 
 class AgentLoop:
-    def __init__(self, task: AgentTask, env: Environment, backend: Any, config: AgentConfig, trajectory: Path):
+    def __init__(self, task: AgentTask, env: Environment, backend: ChatModel, config: AgentConfig, trajectory: Path):
         self.task, self.env, self.backend, self.cfg = task, env, backend, config
         self.path = Path(trajectory)
         self.lim = config.limits
@@ -51,7 +52,7 @@ class AgentLoop:
             self.writer = TrajectoryWriter(self.path)
             self.history = self._initial_messages()
             self.n_initial = len(self.history)
-            self.writer.write({"type": "header", "schema": SCHEMA, "harness_version": _version(),
+            self.writer.write({"type": "header", "schema": SCHEMA, "harness_version": __version__,
                                "task": {"id": self.task.id, "family": self.task.family,
                                         "hash": self.task.content_hash(), "knobs": self.task.knobs},
                                "config": self.cfg.to_dict(), "config_hash": self.cfg.hash(),
@@ -272,8 +273,3 @@ def _describe(backend: Any) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         return {"name": getattr(backend, "name", "?"), "describe_error": str(e)}
 
-
-def _version() -> str:
-    from msa_eval import __version__
-
-    return __version__

@@ -3,7 +3,7 @@
 It replays a task's gold actions (`task.gold`, computed by the family's generator from ground
 truth) one per model call, through the real loop, tools, trajectory and verifier. It proves
 each generated task is solvable end to end, and gives the reference tool-call count and
-context size of every task. It implements the chat part of the `Backend` interface.
+context size of every task. It implements `agents.protocol.ChatModel`.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 from agents.context import SUMMARY_REQUEST
+from agents.protocol import BackendError, ChatResponse, ToolCall
 from agents.textproto import render_call
 from agents.tokens import MessageCounter, TokenFn, approx_tokens
-from msa_eval.backends.base import BackendError, ChatResponse, ToolCall
 
 
 class OraclePolicy:

@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from msa_eval.backends.base import ToolCall
+from agents.protocol import ToolCall
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCE = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)

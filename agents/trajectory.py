@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.errors import AgentHarnessError
+from msa_common.atomic import atomic_write_text
 
 SCHEMA = "msa-eval.agent-trajectory/1"
 
@@ -106,6 +107,4 @@ def read_trajectory(path: Path, repair: bool = False) -> Trajectory:
 
 def _truncate_to_valid(path: Path, raw: str, torn: str) -> None:
     keep = raw[: raw.rfind(torn)]
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(keep, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, keep)

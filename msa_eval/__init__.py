@@ -1,3 +1,3 @@
 """msa-eval: MSA vs dense GQA vs hosted endpoints on long-context work."""
 
-__version__ = "0.1.0"
+from msa_common import __version__  # noqa: F401 - the one version, read by the CLI

@@ -1,5 +1,5 @@
-"""Harness errors: each message is one line that names the fix."""
+"""Harness errors: each message is one line that names the fix. The base class is defined in
+the bottom package (`msa_common.errors`) so that `agents` can subclass it; this is the same class."""
+from msa_common.errors import MsaEvalError
 
-
-class MsaEvalError(Exception):
-    """Base class of every error the CLI turns into one clear line and a non-zero exit."""
+__all__ = ["MsaEvalError"]

@@ -22,7 +22,8 @@ from msa_eval.judge import (JUDGE_MAX_TOKENS, RUBRIC_VERSION, SCALE_MAX, judge_k
                             parse_judge_score)
 from msa_eval.runner.config import BackendSpec
 from msa_eval.runner.manifest import RECORDS, read_manifest, save_manifest
-from msa_eval.runner.records import SampleRecord, atomic_write_text, repair_records
+from msa_common.atomic import atomic_write_text
+from msa_eval.runner.records import SampleRecord, repair_records
 from msa_eval.runner.requests import prefill_text
 from tasks.base import Sample
 

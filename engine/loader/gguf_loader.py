@@ -6,8 +6,6 @@ RoPE; they are permuted back here so the model uses the HF rotate-half conventio
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import torch
 from engine.config import ModelConfig, RopeScaling
 from engine.errors import ModelIntegrityError, UnsupportedModelError
 from engine.tokenizer import Tokenizer
+from msa_common.atomic import atomic_path
 
 _LAYER_MAP = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -205,12 +204,8 @@ def load_gguf(path: Path, cache_dir: Path | None = None) -> tuple[ModelConfig, d
     weights = gguf_weights(reader, cfg)
     if cached is not None:
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".part-", suffix=".safetensors", dir=cached.parent)
-            os.close(fd)
-            save_file(weights, tmp)
-            os.replace(tmp, cached)
+            with atomic_path(cached) as tmp:
+                save_file(weights, str(tmp))
         except OSError:  # a read-only or full cache only costs speed
-            if "tmp" in locals() and os.path.exists(tmp):
-                os.unlink(tmp)
+            pass
     return cfg, weights, tok

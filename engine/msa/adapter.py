@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from engine.config import ModelConfig
 from engine.errors import EngineError
 from engine.msa.config import MSAConfig, MSAConfigError
 from engine.msa.projections import IndexProjections
+from msa_common.atomic import atomic_write_bytes, atomic_write_json
 
 TENSORS_FILE = "indexer.safetensors"
 CONFIG_FILE = "msa_config.json"
@@ -56,21 +55,9 @@ class Adapter:
     path: Path | None = None
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same folder and `os.replace` (no half-written file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(Path(path), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    """An adapter's JSON file, written atomically: indent 2, keys sorted, non-JSON values refused."""
+    atomic_write_json(path, obj, sort_keys=True, default=None)
 
 
 def save_adapter(out: Path, proj: IndexProjections, base: dict[str, Any],
@@ -82,7 +69,7 @@ def save_adapter(out: Path, proj: IndexProjections, base: dict[str, Any],
     tensors = {f"layers.{k}": v.detach().to("cpu", torch.float16).contiguous()
                for k, v in proj.layers.state_dict().items()}
     blob = st_save(tensors, metadata={"format": str(FORMAT)})
-    atomic_write(out / TENSORS_FILE, blob)
+    atomic_write_bytes(out / TENSORS_FILE, blob)
     write_json(out / CONFIG_FILE, {"format": FORMAT, "msa": proj.msa.to_dict(), "base": base,
                                    "tensors_sha256": hashlib.sha256(blob).hexdigest()})
     if provenance is not None:

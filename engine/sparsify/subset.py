@@ -17,7 +17,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from engine.msa.adapter import CONFIG_FILE, PROVENANCE_FILE, TENSORS_FILE, AdapterError, atomic_write, write_json
+from engine.msa.adapter import CONFIG_FILE, PROVENANCE_FILE, TENSORS_FILE, AdapterError, write_json
+from msa_common.atomic import atomic_write_bytes
 
 
 def _with_dense_layers(command: str, dense: list[int]) -> str:
@@ -56,7 +57,7 @@ def keep_dense(src: str | Path, extra_dense: list[int], out: str | Path) -> dict
     new_blob = st_save(kept, metadata={"format": str(meta.get("format", 1))})
     msa = dict(meta["msa"], dense_layers=dense)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / TENSORS_FILE, new_blob)
+    atomic_write_bytes(out / TENSORS_FILE, new_blob)
     write_json(out / CONFIG_FILE, dict(meta, msa=msa, tensors_sha256=hashlib.sha256(new_blob).hexdigest()))
     layers = {k: v for k, v in prov.get("layers", {}).items() if int(k) not in dense}
     mean = lambda key: sum(v[key] for v in layers.values()) / max(len(layers), 1)  # noqa: E731

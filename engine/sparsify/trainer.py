@@ -29,6 +29,7 @@ from engine.sparsify import objective as obj
 from engine.sparsify.activations import collect_hidden, main_qk
 from engine.sparsify.config import SparsifyConfig
 from engine.sparsify.corpus import builtin_documents, token_sequences, user_documents, with_recurrences
+from msa_common.atomic import atomic_path
 
 CKPT = ".checkpoint"
 
@@ -167,9 +168,8 @@ def _save_checkpoint(out: Path, cfg: SparsifyConfig, proj: IndexProjections, lay
 
     d = out / CKPT
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "indexer.safetensors.tmp"
-    save_file({k: v.detach().cpu().contiguous() for k, v in proj.layers.named_parameters()}, str(tmp))
-    tmp.replace(d / "indexer.safetensors")
+    with atomic_path(d / "indexer.safetensors") as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in proj.layers.named_parameters()}, str(tmp))
     write_json(d / "state.json", {"config": cfg.identity(), "layers": layers})
 
 

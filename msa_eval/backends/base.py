@@ -1,4 +1,6 @@
-"""The one interface between the app (runner, agents) and a model.
+"""The one interface between the app (runner, agents) and a model. Its chat half (`ChatModel`,
+`ToolCall`, `ChatResponse`, `BackendError`) is defined in `agents.protocol`, the lowest
+package that needs it, and re-exported here.
 
 A backend takes prompts as *text* (or chat messages) so that the identical prompt text goes
 to every backend; token counting is the backend's business and is reported back.
@@ -10,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from agents.protocol import BackendError, ChatModel, ChatResponse, ToolCall
 
-class BackendError(RuntimeError):
-    """The harness, not the model, failed (unreachable endpoint, bad configuration)."""
+__all__ = ["Backend", "BackendError", "ChatModel", "ChatResponse", "GenRequest", "GenResult", "ToolCall"]
 
 
 @dataclass
@@ -45,44 +47,10 @@ class GenResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text exactly as the model produced it
-
-
-@dataclass
-class ChatResponse:
-    content: str | None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    finish_reason: str = "stop"
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    latency_s: float | None = None
-    cost_usd: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 @runtime_checkable
-class Backend(Protocol):
-    name: str
-
-    def describe(self) -> dict[str, Any]:
-        """Config for the run manifest: model, attention, base URL... never secrets."""
+class Backend(ChatModel, Protocol):
+    """A chat model (what the agents need, `agents.protocol.ChatModel`) that also generates
+    single prompts in batches (what the runner needs)."""
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         """Run a batch; the backend applies its own concurrency. Same order as `requests`."""
-
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        seed: int | None = None,
-    ) -> ChatResponse:
-        """One chat turn with OpenAI-style tools (agents use this)."""
-
-    def count_tokens(self, text: str) -> int | None:
-        """Tokens of `text` under this backend's tokenizer, or None when unknown."""

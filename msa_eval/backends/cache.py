@@ -3,7 +3,7 @@
 The key is sha256 over the canonical JSON of (base URL, endpoint, request payload): model,
 prompt or messages, tools, max_tokens, temperature, top_p, stop, seed. The API key is never
 part of the key or the value. One JSON file per response under `<dir>/<key[:2]>/<key>.json`,
-written atomically (temp file + os.replace), so an interrupted run leaves no half entries and
+written atomically (`msa_common.atomic`), so an interrupted run leaves no half entries and
 a rerun replays finished requests exactly (reproducible, resumable). Only successful
 responses are stored.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from msa_common.atomic import atomic_write_json
 
 
 def request_key(base_url: str, endpoint: str, payload: dict[str, Any]) -> str:
@@ -40,13 +40,4 @@ class ResponseCache:
             return None  # unreadable entry: treat as a miss, it will be rewritten
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        p = self._path(key)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(value, f, ensure_ascii=False)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_json(self._path(key), value, indent=None, ensure_ascii=False, default=None)

