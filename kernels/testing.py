@@ -45,8 +45,9 @@ def paged_case(q_lens: list[int], kv_lens: list[int], *, hkv: int = 2, group: in
                block: int = 64, d_idx: int = 64, dtype: torch.dtype = torch.bfloat16,
                device: str | torch.device = "cpu", seed: int = 0, max_pages: int | None = None,
                num_pages: int | None = None, poison: bool = False) -> PagedCase:
-    """Random N(0, 1) inputs; the page table has ``max_pages`` columns (default: the longest request's
-    pages + 1) of distinct pages out of ``num_pages`` (default ``2 * R * max_pages + 3``).
+    """Random N(0, 1) inputs (drawn on ``device``: a CUDA case is not a CPU case moved); the page table
+    has ``max_pages`` columns (default: the longest request's pages + 1) of distinct pages out of
+    ``num_pages`` (default ``2 * R * max_pages + 3``).
 
     ``poison=True`` makes every unread value fatal: K/V of pages no request uses and of the tokens at
     or past ``seq_len`` are NaN (an unmasked read turns the output NaN); index keys of the unused pages
@@ -61,9 +62,12 @@ def paged_case(q_lens: list[int], kv_lens: list[int], *, hkv: int = 2, group: in
     page_table = make_page_table(n_req, max_pages, num_pages, gen)
     cu = torch.zeros(n_req + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    dev = torch.device(device)
+    if dev.type == "cuda":  # large caches: draw the values where they live
+        gen = torch.Generator(device=dev).manual_seed(seed)
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype)
+        return torch.randn(*shape, generator=gen, device=gen.device).to(dtype).to(dev)
 
     t = sum(q_lens)
     q, q_idx = rnd(t, hkv * group, d), rnd(t, hkv, d_idx)
@@ -78,13 +82,13 @@ def paged_case(q_lens: list[int], kv_lens: list[int], *, hkv: int = 2, group: in
             k_cache[last, :, kv_lens[r] - (n - 1) * block:] = float("nan")
             v_cache[last, :, kv_lens[r] - (n - 1) * block:] = float("nan")
             k_idx[last] = POISON_KEY
-        k_cache[~used] = float("nan")
-        v_cache[~used] = float("nan")
-        k_idx[~used] = POISON_KEY
-    dev = torch.device(device)
+        unused = (~used).nonzero()[:, 0].to(dev)
+        k_cache[unused] = float("nan")
+        v_cache[unused] = float("nan")
+        k_idx[unused] = POISON_KEY
     uniform = q_lens[0] if len(set(q_lens)) == 1 else None
-    return PagedCase(q.to(dev), q_idx.to(dev), k_cache.to(dev), v_cache.to(dev), k_idx.to(dev), page_table.to(dev),
-                     cu.to(dev), torch.tensor(kv_lens, dtype=torch.int32, device=dev), uniform)
+    return PagedCase(q, q_idx, k_cache, v_cache, k_idx, page_table.to(dev), cu.to(dev),
+                     torch.tensor(kv_lens, dtype=torch.int32, device=dev), uniform)
 
 
 def decode_case(seq_lens: list[int], q_len: int, **kwargs) -> PagedCase:

@@ -1,7 +1,10 @@
-"""Launcher-side input checks shared by the MSA ops: one ``ValueError`` naming what was expected.
+"""Input checks of the MSA ops, and their one device -> implementation rule.
 
-Kernel bodies assume what these functions establish: dtypes, ranks, sizes, unit stride on the
-last dim, one device for every tensor, and (when asked) a well-formed top-k id tensor.
+Each failure is one ``ValueError`` naming the op and what was expected. Kernel bodies assume what
+these functions establish: dtypes, ranks, sizes, unit stride on the last dim, one device for every
+tensor, and (when asked) well-formed lengths, page ids and top-k ids. The checks that read tensor
+values (``check_lengths``, ``check_decode_lengths``, ``check_topk_ids``) are a host sync; the others
+look only at shapes, dtypes, strides and devices, so a CUDA-graph-captured ``run()`` can call them.
 """
 from __future__ import annotations
 
@@ -11,6 +14,15 @@ from typing import Iterable
 import torch
 
 IMPLS = ("auto", "triton", "torch")
+MAX_Q_LEN = 16  # decode: one main token plus drafts
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_KEY_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn,)
+
+
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1. Its numpy ``tl.dot`` misreads bf16 operands as integers
+    (triton 3.9), so kernels get an ``UPCAST`` flag that casts dot operands to fp32 there."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def resolve_impl(impl: str, device: torch.device, op: str) -> str:
@@ -19,7 +31,7 @@ def resolve_impl(impl: str, device: torch.device, op: str) -> str:
         raise ValueError(f"{op}: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    if impl == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if impl == "triton" and device.type != "cuda" and not interpreting():
         raise ValueError(f"{op}: impl='triton' needs CUDA tensors (got {device}); "
                          "use impl='torch' or set TRITON_INTERPRET=1")
     return impl
@@ -54,6 +66,22 @@ def check_choice(op: str, name: str, value: int, allowed: Iterable[int]) -> None
         raise ValueError(f"{op}: {name} must be one of {allowed}, got {value}")
 
 
+# -- lengths: q_len <= kv_len <= max_pages * B, for packed prefill and for decode -------------------
+
+def check_kv_lengths(op: str, q_lens: torch.Tensor, kv_lens: torch.Tensor, max_pages: int, block_size: int) -> None:
+    """Host tensors ``[R]``: every request needs ``q_len <= kv_len <= max_pages * B``."""
+    cap = max_pages * block_size
+    short, long = kv_lens < q_lens, kv_lens > cap
+    if not (short.any() or long.any()):
+        return
+    i = int((short | long).nonzero()[0])
+    head = f"{op}: request {i} needs q_len <= seq_lens_kv <= max_pages*B: its seq_len {int(kv_lens[i])}"
+    if short[i]:
+        raise ValueError(f"{head} must be >= q_len={int(q_lens[i])} (seq lens include the new tokens)")
+    raise ValueError(f"{head} exceeds the page-table capacity max_pages*B = {max_pages}*{block_size} = {cap}; "
+                     "widen page_table")
+
+
 def check_lengths(op: str, cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor, total_q: int,
                   page_table: torch.Tensor, block_size: int, values: bool = True) -> None:
     """cu_seqlens_q ``[R+1]`` from 0 to T, non-decreasing; ``q_len <= kv_len <= max_pages * B``.
@@ -67,18 +95,147 @@ def check_lengths(op: str, cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor
     check_size(op, "page_table", page_table.shape[0], r, "one row per request (rows)")
     if not values:
         return
-    cq = cu_seqlens_q.tolist()
-    lens = seq_lens_kv.tolist()
-    if cq[0] != 0 or cq[-1] != total_q:
-        raise ValueError(f"{op}: cu_seqlens_q must start at 0 and end at T={total_q}, got {cq[0]}..{cq[-1]}")
-    cap = page_table.shape[1] * block_size
-    for i in range(r):
-        q_len = cq[i + 1] - cq[i]
-        if q_len < 0:
-            raise ValueError(f"{op}: cu_seqlens_q must be non-decreasing (request {i})")
-        if not q_len <= lens[i] <= cap:
-            raise ValueError(f"{op}: request {i} needs q_len <= seq_lens_kv <= max_pages*B, "
-                             f"got q_len={q_len}, kv_len={lens[i]}, capacity={cap}")
+    cq = cu_seqlens_q.cpu().long()
+    if int(cq[0]) != 0 or int(cq[-1]) != total_q:
+        raise ValueError(f"{op}: cu_seqlens_q must start at 0 and end at T={total_q}, got {int(cq[0])}..{int(cq[-1])}")
+    q_lens = cq[1:] - cq[:-1]
+    if (q_lens < 0).any():
+        raise ValueError(f"{op}: cu_seqlens_q must be non-decreasing (request {int((q_lens < 0).nonzero()[0])})")
+    check_kv_lengths(op, q_lens, seq_lens_kv.cpu().long(), page_table.shape[1], block_size)
+
+
+def check_q_len(op: str, q_len: int) -> None:
+    if not isinstance(q_len, int) or not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"{op}: q_len must be an int in 1..{MAX_Q_LEN} (1 main token + drafts), got {q_len!r}")
+
+
+def check_decode_metadata(op: str, seq_lens: torch.Tensor, page_table: torch.Tensor, q_len: int) -> None:
+    """Shapes and dtypes of the decode metadata: seq_lens int32 ``[R]``, page_table int32 ``[R, max_pages]``."""
+    check_q_len(op, q_len)
+    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1:
+        raise ValueError(f"{op}: seq_lens must be int32 [R], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2:
+        raise ValueError(f"{op}: page_table must be int32 [R, max_pages], got {page_table.dtype} "
+                         f"{tuple(page_table.shape)}")
+    if page_table.shape[0] != seq_lens.shape[0]:
+        raise ValueError(f"{op}: page_table has {page_table.shape[0]} rows but seq_lens has {seq_lens.shape[0]} "
+                         "requests")
+    if seq_lens.shape[0] == 0:
+        raise ValueError(f"{op}: seq_lens is empty: a decode batch needs at least one request")
+    if page_table.stride(1) != 1:
+        raise ValueError(f"{op}: page_table rows must be contiguous (stride(1) == 1); pass page_table.contiguous()")
+    if seq_lens.device != page_table.device:
+        raise ValueError(f"{op}: seq_lens is on {seq_lens.device} but page_table is on {page_table.device}")
+
+
+def check_decode_lengths(op: str, seq_lens: torch.Tensor, page_table: torch.Tensor, q_len: int, page_size: int,
+                         num_pages: int | None = None) -> None:
+    """Decode metadata values (host sync): ``q_len <= seq_len <= max_pages * B`` and, given num_pages,
+    every page a request uses is a valid physical page."""
+    check_decode_metadata(op, seq_lens, page_table, q_len)
+    lens = seq_lens.cpu().long()
+    check_kv_lengths(op, torch.full_like(lens, q_len), lens, page_table.shape[1], page_size)
+    if num_pages is not None:
+        used = (lens + page_size - 1) // page_size
+        cols = torch.arange(page_table.shape[1])[None, :] < used[:, None]
+        pages = page_table.cpu()[cols]
+        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
+            raise ValueError(f"{op}: page_table holds page ids outside [0, {num_pages}) for pages the requests use")
+
+
+# -- decode tensors ----------------------------------------------------------------------------------
+
+def check_cache(op: str, name: str, cache: torch.Tensor, num_kv_heads: int | None, page_size: int | None,
+                head_dim: int | None) -> None:
+    """``[P, Hkv, B, d]`` paged K or V cache with a contiguous last dim."""
+    if cache.dim() != 4:
+        raise ValueError(f"{op}: {name} must be [num_pages, Hkv, B, d], got shape {tuple(cache.shape)}")
+    if cache.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: {name} dtype must be bf16, fp16 or fp32, got {cache.dtype}")
+    if cache.stride(3) != 1:
+        raise ValueError(f"{op}: {name} last dim must be contiguous")
+    got = (cache.shape[1], cache.shape[2], cache.shape[3])
+    for g, w, what in zip(got, (num_kv_heads, page_size, head_dim), ("Hkv", "B", "d")):
+        if w is not None and g != w:
+            raise ValueError(f"{op}: {name} {what} is {g}, expected {w} (shape [num_pages, Hkv, B, d])")
+
+
+def check_query(op: str, name: str, q: torch.Tensor, tokens: int, heads: int | None, dim: int | None,
+                dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> None:
+    """``[T, H, d]`` queries with a contiguous last dim."""
+    if q.dim() != 3:
+        raise ValueError(f"{op}: {name} must be [R*q_len, H, d], got shape {tuple(q.shape)}")
+    if q.dtype not in dtypes:
+        raise ValueError(f"{op}: {name} dtype must be one of {[str(d) for d in dtypes]}, got {q.dtype}")
+    if q.shape[0] != tokens:
+        raise ValueError(f"{op}: {name} has {q.shape[0]} tokens, expected R*q_len = {tokens}")
+    if heads is not None and q.shape[1] != heads:
+        raise ValueError(f"{op}: {name} has {q.shape[1]} heads, expected {heads}")
+    if dim is not None and q.shape[2] != dim:
+        raise ValueError(f"{op}: {name} head dim is {q.shape[2]}, expected {dim}")
+    if q.stride(2) != 1:
+        raise ValueError(f"{op}: {name} last dim must be contiguous")
+
+
+def check_attention_tensors(op: str, q, k_cache, v_cache, tokens: int) -> tuple[int, int, int, int]:
+    """q ``[T, Hq, d]`` against the caches ``[P, Hkv, B, d]``; returns (Hq, Hkv, B, d)."""
+    check_cache(op, "k_cache", k_cache, None, None, None)
+    _, hkv, page, d = k_cache.shape
+    check_cache(op, "v_cache", v_cache, hkv, page, d)
+    check_query(op, "q", q, tokens, None, d)
+    hq = q.shape[1]
+    if hq % hkv:
+        raise ValueError(f"{op}: q heads ({hq}) must be a multiple of the KV heads ({hkv})")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError(f"{op}: q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
+    if v_cache.shape[0] != k_cache.shape[0]:
+        raise ValueError(f"{op}: k_cache and v_cache must have the same number of pages")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"{op}: q, k_cache and v_cache must be on one device")
+    return hq, hkv, page, d
+
+
+def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, topk: int) -> tuple[int, int, int]:
+    """q_idx ``[T, H, d_idx]``, k_idx_cache ``[P, B, d_idx]`` (+ scale ``[P, B]`` for fp8); returns (H, B, d_idx)."""
+    if k_idx_cache.dim() != 3:
+        raise ValueError(f"{op}: k_idx_cache must be [num_pages, B, d_idx], got shape {tuple(k_idx_cache.shape)}")
+    if k_idx_cache.dtype not in INDEX_KEY_DTYPES:
+        raise ValueError(f"{op}: k_idx_cache dtype must be bf16, fp16, fp32 or float8_e4m3fn, got {k_idx_cache.dtype}")
+    if k_idx_cache.stride(2) != 1:
+        raise ValueError(f"{op}: k_idx_cache last dim must be contiguous")
+    _, page, d_idx = k_idx_cache.shape
+    check_query(op, "q_idx", q_idx, tokens, None, d_idx)
+    is_fp8 = k_idx_cache.dtype == torch.float8_e4m3fn
+    if is_fp8 != (k_idx_scale is not None):
+        raise ValueError(f"{op}: k_idx_scale ([num_pages, B] fp32) is required with float8_e4m3fn index keys "
+                         "and only then")
+    if is_fp8 and (k_idx_scale.dtype != torch.float32 or tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2])
+                   or k_idx_scale.stride(1) != 1):
+        raise ValueError(f"{op}: k_idx_scale must be fp32 [num_pages, B] = {tuple(k_idx_cache.shape[:2])} with "
+                         "contiguous rows")
+    if not is_fp8 and q_idx.dtype != k_idx_cache.dtype:
+        raise ValueError(f"{op}: q_idx and k_idx_cache must share one dtype, got {q_idx.dtype} and "
+                         f"{k_idx_cache.dtype}")
+    if q_idx.device != k_idx_cache.device:
+        raise ValueError(f"{op}: q_idx and k_idx_cache must be on one device")
+    if not 2 <= topk <= 64:
+        raise ValueError(f"{op}: topk must be in 2..64 (the local page plus at least one history page), got {topk}")
+    return q_idx.shape[1], page, d_idx
+
+
+# -- top-k ids ----------------------------------------------------------------------------------------
+
+def check_topk_shape(op: str, topk_ids: torch.Tensor, tokens: int, hkv: int) -> int:
+    """Decode top-k ids int32 ``[T, Hkv, k]`` token-major with a contiguous last dim; returns k."""
+    if topk_ids.dtype != torch.int32 or topk_ids.dim() != 3:
+        raise ValueError(f"{op}: topk_ids must be int32 [T, Hkv, k], got {topk_ids.dtype} {tuple(topk_ids.shape)}")
+    if topk_ids.shape[0] != tokens or topk_ids.shape[1] != hkv:
+        raise ValueError(f"{op}: topk_ids must be [T={tokens}, Hkv={hkv}, k] (token-major), got "
+                         f"{tuple(topk_ids.shape)}")
+    if topk_ids.stride(2) != 1:
+        raise ValueError(f"{op}: topk_ids last dim must be contiguous")
+    return topk_ids.shape[2]
 
 
 def check_topk_ids(op: str, topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -105,9 +262,3 @@ def check_topk_ids(op: str, topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor,
         raise ValueError(f"{op}: topk_ids must hold a valid prefix followed by -1 padding")
     if flags[2]:
         raise ValueError(f"{op}: topk_ids must not repeat a block id within one (token, KV head)")
-
-
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1. Its numpy ``tl.dot`` misreads bf16 operands as integers
-    (triton 3.9), so kernels get an ``UPCAST`` flag that casts dot operands to fp32 there."""
-    return os.environ.get("TRITON_INTERPRET") == "1"

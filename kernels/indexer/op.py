@@ -1,4 +1,4 @@
-"""Public MSA indexer op over the paged index-key cache: validation and dispatch."""
+"""Public MSA indexer op over the paged index-key cache: validate, plan, launch."""
 from __future__ import annotations
 
 import math
@@ -7,37 +7,30 @@ from typing import Literal
 import torch
 
 from kernels._common.tiles import tile_table, token_requests
-from kernels._common.validate import (check_choice, check_lengths, check_size, check_tensor,
-                                      interpreting, resolve_impl)
-from kernels.indexer import naive
+from kernels._common.validate import check_choice, check_lengths, check_size, check_tensor
 
-OP = "msa_indexer"
+from . import naive
+from .plan import OP, IndexerPlan, plan_indexer
+
 TOPK_CHOICES = (4, 8, 16, 32)
 BLOCK_CHOICES = (64, 128)
 HEAD_DIM_CHOICES = (16, 32, 64, 128, 256)
-_TILE_ROWS = 128  # MMA rows per program: tokens x index heads
 
 
-def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, impl, lengths=True):
+def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk) -> None:
     check_tensor(OP, "q_idx", q_idx, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
-    impl = resolve_impl(impl, q_idx.device, OP)
-    if impl == "triton" and q_idx.dtype == torch.float32:
-        raise ValueError(f"{OP}: the Triton indexer takes bfloat16 or float16 q_idx, got float32; "
-                         "use impl='torch' for fp32")
     dev = q_idx.device
     check_tensor(OP, "k_idx_cache", k_idx_cache, ndim=3, dtypes=(q_idx.dtype,), device=dev)
     check_tensor(OP, "page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "seq_lens_kv", seq_lens_kv, ndim=1, dtypes=(torch.int32,), device=dev)
-    t, h, d = q_idx.shape
+    _, h, d = q_idx.shape
     check_size(OP, "k_idx_cache", k_idx_cache.shape[2], d, "last dim (d_idx of q_idx)")
     check_choice(OP, "k_idx_cache block size (dim 1)", k_idx_cache.shape[1], BLOCK_CHOICES)
     check_choice(OP, "d_idx", d, HEAD_DIM_CHOICES)
     check_choice(OP, "topk", topk, TOPK_CHOICES)
     if not 1 <= h <= 16:
         raise ValueError(f"{OP}: q_idx must have 1..16 index heads (one per KV group), got {h}")
-    check_lengths(OP, cu_seqlens_q, seq_lens_kv, t, page_table, k_idx_cache.shape[1], values=lengths or impl == "torch")
-    return impl
 
 
 def msa_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,
@@ -54,61 +47,60 @@ def msa_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torc
     tokens. Scores are ``q.k / sqrt(d_idx)`` in fp32. ``check_lengths=False`` skips the host-side
     check of the length values (its one host sync; shapes are still checked), for the engine.
     """
-    impl = _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, impl, check_lengths)
-    if impl == "torch":
-        return naive.indexer_paged_reference(q_idx, k_idx_cache, page_table, cu_seqlens_q,
-                                             seq_lens_kv, topk, return_lse=return_lse)
-    ids = _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, mode=0)
-    if not return_lse:
-        return ids
-    return ids, _launch_selected_lse(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, ids)
+    args = (q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv)
+    _validate(*args, topk)
+    plan = plan_indexer(q_idx, k_idx_cache, topk, impl=impl, check_lengths=check_lengths)
+    _check_lengths(plan, *args)
+    if plan.impl == "torch":
+        return naive.indexer_paged_reference(*args, topk, return_lse=return_lse)
+    ids = _launch_indexer(plan, *args)
+    return (ids, _launch_selected_lse(plan, *args, ids)) if return_lse else ids
 
 
-def indexer_block_scores_triton(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv):
-    """Block scores of the history blocks ``[T, H, max_pages]`` fp32 (-inf elsewhere, own block too),
-    computed by the same kernel (``MODE 1``): the input of the ``torch.topk`` baseline."""
-    return _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, 4, mode=1)
+def launch(plan: IndexerPlan, q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,
+           cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor) -> torch.Tensor:
+    """Run a Triton ``plan`` from ``plan_indexer`` on inputs ``msa_indexer`` would accept (checked here):
+    ids ``[T, H, k]``, block scores ``[T, H, max_pages]`` or per-row score sums ``[T, H]`` by ``plan.output``.
+    For benchmarks and tests of the kernel's outputs."""
+    args = (q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv)
+    _validate(*args, plan.topk)
+    if plan.impl != "triton":
+        raise ValueError(f"{OP}: launch() runs Triton plans, got impl={plan.impl!r}")
+    _check_lengths(plan, *args)
+    return _launch_indexer(plan, *args)
 
 
-def indexer_scores_only_triton(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv):
-    """Scoring and block max with the top-k stage left out (``MODE 2``): for timing the top-k stage."""
-    return _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, 4, mode=2)
+def _check_lengths(plan, q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv) -> None:
+    check_lengths(OP, cu_seqlens_q, seq_lens_kv, q_idx.shape[0], page_table, plan.block, values=plan.check_lengths)
 
 
-def default_pages_per_iter(block: int) -> int:
-    """Key pages per loop iteration (two independent top-k tables at 2): see ``_launch_indexer``."""
-    return 1
-
-
-def _launch_indexer(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, mode,
-                    skip_unchanged=False, num_warps=8, num_stages=3, tile_rows=_TILE_ROWS, pages_per_iter=None):
-    from kernels.indexer.triton_indexer import _indexer_fwd_kernel
+def _launch_indexer(plan: IndexerPlan, q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv):
+    from .triton_indexer import _indexer_fwd_kernel
 
     t, h, d = q_idx.shape
-    block = k_idx_cache.shape[1]
     dev = q_idx.device
-    tq = tile_rows // h
-    tile_req, tile_start = tile_table(cu_seqlens_q, t, tq)
-    ids = torch.full((t, h, topk), -7, dtype=torch.int32, device=dev)  # poison: every slot is written
+    tile_req, tile_start = tile_table(cu_seqlens_q, t, plan.tokens_per_tile)
+    ids = torch.full((t, h, plan.topk), -7, dtype=torch.int32, device=dev)  # poison: every slot is written
     scores = aux = ids
-    if mode == 1:
+    if plan.output == "block_scores":
         scores = torch.full((t, h, page_table.shape[1]), float("-inf"), device=dev)
-    if mode == 2:
+    if plan.output == "score_sum":
         aux = torch.empty((t, h), dtype=torch.float32, device=dev)
+    result = {"ids": ids, "block_scores": scores, "score_sum": aux}[plan.output]
     if t == 0:
-        return {0: ids, 1: scores, 2: aux}[mode]
+        return result
     _indexer_fwd_kernel[(tile_req.shape[0],)](
         q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, ids, scores, aux,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1), page_table.stride(0),
-        ids.stride(0), ids.stride(1), scores.stride(0) if mode == 1 else 0, scores.stride(1) if mode == 1 else 0,
-        1.0 / math.sqrt(d), H=h, D=d, B=block, TOPK=topk, TQ=tq, BLOCK_M=tile_rows, MODE=mode,
-        UPCAST=interpreting(), SKIP_UNCHANGED=skip_unchanged,
-        PAGES=pages_per_iter or default_pages_per_iter(block), num_warps=num_warps, num_stages=num_stages)
-    return {0: ids, 1: scores, 2: aux}[mode]
+        ids.stride(0), ids.stride(1), scores.stride(0) if scores is not ids else 0,
+        scores.stride(1) if scores is not ids else 0, 1.0 / math.sqrt(d),
+        H=h, D=d, B=plan.block, TOPK=plan.topk, TQ=plan.tokens_per_tile, BLOCK_M=plan.tile_rows,
+        MODE=plan.mode, UPCAST=plan.upcast, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    return result
 
 
-def _launch_selected_lse(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, ids):
-    from kernels.indexer.triton_indexer import _selected_lse_kernel
+def _launch_selected_lse(plan: IndexerPlan, q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, ids):
+    from .triton_indexer import _selected_lse_kernel
 
     t, h, d = q_idx.shape
     lse = torch.full((t, h), float("nan"), dtype=torch.float32, device=q_idx.device)
@@ -119,5 +111,5 @@ def _launch_selected_lse(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_
         q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, tok_req, ids, lse,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1), page_table.stride(0),
         ids.stride(0), ids.stride(1), 1.0 / math.sqrt(d),
-        H=h, D=d, B=k_idx_cache.shape[1], TOPK=ids.shape[2], num_warps=4)
+        H=h, D=d, B=plan.block, TOPK=ids.shape[2], num_warps=4)
     return lse

@@ -37,8 +37,7 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
                         stride_qt, stride_qh, stride_kp, stride_kb, stride_pt,
                         stride_it, stride_ih, stride_st, stride_sh, scale,
                         H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr,
-                        TQ: tl.constexpr, BLOCK_M: tl.constexpr, MODE: tl.constexpr,
-                        UPCAST: tl.constexpr, SKIP_UNCHANGED: tl.constexpr, PAGES: tl.constexpr = 1):
+                        TQ: tl.constexpr, BLOCK_M: tl.constexpr, MODE: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     req = tl.load(TILE_REQ + pid)
     if req < 0:
@@ -67,64 +66,29 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
     # slot TOPK-1 is not part of the history table: +inf keeps it out of every eviction
     vals = tl.where(slot[None, :] < TOPK - 1, float("-inf"), float("inf")) + tl.zeros([BLOCK_M, TOPK], tl.float32)
     ids = (_BIG + slot[None, :]) + tl.zeros([BLOCK_M, TOPK], tl.int32)
-    # PAGES == 2: odd blocks go to a second, independent table (merged in the epilogue), so the two
-    # tables' reduce -> evict chains overlap instead of serialising one block after the other
-    vals_odd = vals
-    ids_odd = ids
     acc = tl.zeros([BLOCK_M], tl.float32)
 
     pt_row = PT + req.to(tl.int64) * stride_pt
-    for it in range(0, tl.cdiv(n_hist, PAGES)):
-        b = it * PAGES
+    for b in range(0, n_hist):
         score = _block_score(q, KC, pt_row, b, stride_kp, stride_kb, offs_b, offs_d, scale, UPCAST)
         score = tl.where(b < local, score, float("-inf"))
-        if PAGES == 2:
-            b_odd = b + 1
-            score_odd = _block_score(q, KC, pt_row, tl.minimum(b_odd, n_hist - 1), stride_kp, stride_kb,
-                                     offs_b, offs_d, scale, UPCAST)
-            score_odd = tl.where(b_odd < local, score_odd, float("-inf"))
         if MODE == 0:
             worst = tl.min(vals, axis=1)
-            enter = score > worst
-            if SKIP_UNCHANGED:  # most late blocks enter no row: skip the update tile-wide
-                if tl.max(enter.to(tl.int32), axis=0) > 0:
-                    vals, ids = _replace_worst(vals, ids, worst, enter, score, b)
-            else:
-                vals, ids = _replace_worst(vals, ids, worst, enter, score, b)
-            if PAGES == 2:
-                worst_odd = tl.min(vals_odd, axis=1)
-                vals_odd, ids_odd = _replace_worst(vals_odd, ids_odd, worst_odd, score_odd > worst_odd,
-                                                   score_odd, b_odd)
+            vals, ids = _replace_worst(vals, ids, worst, score > worst, score, b)
         elif MODE == 1:
             tl.store(SCORES + tok.to(tl.int64) * stride_st + head * stride_sh + b, score,
                      mask=row_ok & (b < local))
-            if PAGES == 2:
-                tl.store(SCORES + tok.to(tl.int64) * stride_st + head * stride_sh + b_odd, score_odd,
-                         mask=row_ok & (b_odd < local))
         else:
             acc += tl.where(b < local, score, 0.0)
-            if PAGES == 2:
-                acc += tl.where(b_odd < local, score_odd, 0.0)
 
     if MODE == 0:
         vals = tl.where(slot[None, :] < TOPK - 1, vals, float("-inf"))
         ids = tl.where(slot[None, :] < TOPK - 1, ids, _BIG)
-        if PAGES == 2:
-            vals_odd = tl.where(slot[None, :] < TOPK - 1, vals_odd, float("-inf"))
-            ids_odd = tl.where(slot[None, :] < TOPK - 1, ids_odd, _BIG)
         n_keep = tl.minimum(local, TOPK - 1)
         out = tl.where(slot[None, :] == n_keep[:, None], local[:, None], -1) + tl.zeros([BLOCK_M, TOPK], tl.int32)
         for j in tl.static_range(TOPK - 1):
             best = tl.max(vals, axis=1)
             best_id = tl.min(tl.where(vals == best[:, None], ids, _BIG + TOPK), axis=1)
-            if PAGES == 2:  # the best of both tables: higher score, or the smaller id among equals
-                best_odd = tl.max(vals_odd, axis=1)
-                best_id_odd = tl.min(tl.where(vals_odd == best_odd[:, None], ids_odd, _BIG + TOPK), axis=1)
-                odd_wins = (best_odd > best) | ((best_odd == best) & (best_id_odd < best_id))
-                best_id = tl.where(odd_wins, best_id_odd, best_id)
-                gone_odd = ids_odd == best_id[:, None]
-                vals_odd = tl.where(gone_odd, float("-inf"), vals_odd)
-                ids_odd = tl.where(gone_odd, _BIG, ids_odd)
             take = (best_id < _BIG) & (j < n_keep)
             out = tl.where((slot[None, :] == j) & take[:, None], best_id[:, None], out)
             gone = ids == best_id[:, None]

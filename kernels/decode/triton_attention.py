@@ -17,17 +17,15 @@ outputs ``ws_o [T, Hq, S, d]`` fp32 and log2-domain LSEs ``ws_lse [T, Hq, S]``, 
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
+if TYPE_CHECKING:
+    from .plan import AttentionLaunch
+
 LOG2E = 1.4426950408889634
-
-
-def dot_precision(dtype, interpret: bool) -> str:
-    """fp32 operands (fp32 inputs, or the interpreter's upcast) get exact products; bf16/fp16 use the
-    tensor cores whatever this says (the setting only applies to fp32 operands)."""
-    return "ieee" if interpret or dtype == torch.float32 else "tf32"
 
 
 @triton.jit
@@ -206,55 +204,46 @@ def _merge(ws_o, ws_lse, out, lse, num_splits):
 
 
 def launch_sparse(q, k_cache, v_cache, topk_ids, page_table, seq_lens, q_len, sm_scale,
-                  out, lse, ws_o, ws_lse, num_splits, interpret, num_warps=4, num_stages=2):
+                  out, lse, ws_o, ws_lse, launch: AttentionLaunch):
     """q/out [T, Hq, d]; lse fp32 [T, Hq] or None; ws_o [T, Hq, S, d] / ws_lse [T, Hq, S] (unused if S == 1)."""
     tokens, hq, d = q.shape
     hkv, page = k_cache.shape[1], k_cache.shape[2]
-    group = hq // hkv
-    direct = num_splits == 1
+    direct = launch.splits == 1
     lse, ws_o, ws_lse = _placeholders(seq_lens, lse, ws_o, ws_lse)
-    _sparse_split_kernel[(tokens, hkv, num_splits)](
+    _sparse_split_kernel[(tokens, hkv, launch.splits)](
         q, k_cache, v_cache, topk_ids, page_table, seq_lens,
         out, lse_arg(lse, ws_lse), ws_o, ws_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), out.stride(0), out.stride(1),
-        q_len, num_splits, hq, topk_ids.shape[2], sm_scale * LOG2E,
-        G=group, GP=max(16, triton.next_power_of_2(group)), D=d, PAGE=page,
-        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret, PREC=dot_precision(q.dtype, interpret),
-        num_warps=num_warps, num_stages=num_stages,
+        q_len, launch.splits, hq, topk_ids.shape[2], sm_scale * LOG2E,
+        G=hq // hkv, GP=launch.rows, D=d, PAGE=page,
+        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=launch.dot_fp32, PREC=launch.precision,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if not direct:
-        _merge(ws_o, ws_lse, out, lse, num_splits)
+        _merge(ws_o, ws_lse, out, lse, launch.splits)
     return out
 
 
-def dense_rows(q_len: int, group: int) -> tuple[int, int]:
-    """(ROWS, NRB): rows per program (a power of two in 16..128) and row blocks per request/group."""
-    rows = min(128, max(16, triton.next_power_of_2(q_len * group)))
-    return rows, triton.cdiv(q_len * group, rows)
-
-
 def launch_dense(q, k_cache, v_cache, page_table, seq_lens, q_len, sm_scale,
-                 out, lse, ws_o, ws_lse, num_splits, interpret):
+                 out, lse, ws_o, ws_lse, launch: AttentionLaunch):
     """Same buffers as launch_sparse, over all pages of each request."""
     tokens, hq, d = q.shape
     hkv, page = k_cache.shape[1], k_cache.shape[2]
-    group = hq // hkv
-    rows, nrb = dense_rows(q_len, group)
-    direct = num_splits == 1
+    direct = launch.splits == 1
     lse, ws_o, ws_lse = _placeholders(seq_lens, lse, ws_o, ws_lse)
-    _dense_split_kernel[(seq_lens.shape[0] * nrb, hkv, num_splits)](
+    _dense_split_kernel[(seq_lens.shape[0] * launch.row_blocks, hkv, launch.splits)](
         q, k_cache, v_cache, page_table, seq_lens,
         out, lse_arg(lse, ws_lse), ws_o, ws_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0), out.stride(0), out.stride(1),
-        q_len, num_splits, hq, nrb, sm_scale * LOG2E,
-        G=group, ROWS=rows, D=d, PAGE=page,
-        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=interpret, PREC=dot_precision(q.dtype, interpret),
-        num_warps=4 if rows <= 32 else 8, num_stages=2,
+        q_len, launch.splits, hq, launch.row_blocks, sm_scale * LOG2E,
+        G=hq // hkv, ROWS=launch.rows, D=d, PAGE=page,
+        DIRECT=direct, WRITE_LSE=lse is not None, DOT_FP32=launch.dot_fp32, PREC=launch.precision,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     if not direct:
-        _merge(ws_o, ws_lse, out, lse, num_splits)
+        _merge(ws_o, ws_lse, out, lse, launch.splits)
     return out

@@ -18,10 +18,13 @@ after its own page (the tests check the workspace for that).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
-from .attention_triton import dot_precision
+if TYPE_CHECKING:
+    from .plan import IndexerLaunch
 
 
 @triton.jit
@@ -141,38 +144,26 @@ def _indexer_merge_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + jj, res, mask=jj < TOPK)
 
 
-def launch_indexer(
-    q_idx, k_idx_cache, k_idx_scale, page_table, seq_lens, q_len, topk, out, ws_val, ws_id, num_splits, interpret,
-    pages_per_iter=1, fp8_dot=False, num_warps=4, num_stages=None,
-):
+def launch_indexer(q_idx, k_idx_cache, k_idx_scale, page_table, seq_lens, q_len, topk, out, ws_val, ws_id,
+                   launch: IndexerLaunch):
     """Launch both stages. Shapes: q_idx [T, H, d_idx]; out int32 [T, H, topk];
-    ws_val fp32 / ws_id int32 [T, H, num_splits, KP] with KP = next_pow2(topk - 1).
-    ``pages_per_iter`` pages are scored per loop iteration (one dot); ``fp8_dot`` (fp8 keys only,
-    not under the interpreter) quantises q_idx to e4m3 per row and dots on the fp8 tensor cores.
-    ``num_stages=None``: 3, fewer when a stage of ``pages_per_iter`` key pages would not fit."""
-    num_req = seq_lens.shape[0]
+    ws_val fp32 / ws_id int32 [T, H, splits, keep] with keep = next_pow2(topk - 1)."""
     heads, d_idx = q_idx.shape[1], q_idx.shape[2]
     page = k_idx_cache.shape[1]
-    kp = ws_val.shape[-1]
-    rows = max(16, triton.next_power_of_2(q_len * heads))
-    has_scale = k_idx_scale is not None
-    if num_stages is None:  # keep the pipelined key buffers within ~160 KB of shared memory
-        stage_bytes = pages_per_iter * page * d_idx * k_idx_cache.element_size()
-        num_stages = max(1, min(3, (160 << 10) // stage_bytes))
-    scale = k_idx_scale if has_scale else seq_lens  # dummy pointer when unused
-    _indexer_split_kernel[(num_req, num_splits)](
+    scale = k_idx_scale if launch.fp8_keys else seq_lens  # dummy pointer when unused
+    _indexer_split_kernel[(seq_lens.shape[0], launch.splits)](
         q_idx, k_idx_cache, scale, page_table, seq_lens, ws_val, ws_id,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1),
-        scale.stride(0) if has_scale else 0, page_table.stride(0),
-        q_len, num_splits,
-        H=heads, D=d_idx, PAGE=page, ROWS=rows, KEEP=topk - 1, KP=kp,
-        HAS_SCALE=has_scale, DOT_FP32=interpret, PREC=dot_precision(q_idx.dtype, interpret),
-        PPI=pages_per_iter, FP8_DOT=bool(fp8_dot and has_scale and not interpret),
-        num_warps=num_warps, num_stages=num_stages,
+        scale.stride(0) if launch.fp8_keys else 0, page_table.stride(0),
+        q_len, launch.splits,
+        H=heads, D=d_idx, PAGE=page, ROWS=launch.rows, KEEP=topk - 1, KP=launch.keep,
+        HAS_SCALE=launch.fp8_keys, DOT_FP32=launch.dot_fp32, PREC=launch.precision,
+        PPI=launch.pages_per_iter, FP8_DOT=launch.fp8_dot,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     _indexer_merge_kernel[(q_idx.shape[0], heads)](
-        ws_val, ws_id, seq_lens, out, out.stride(0), out.stride(1), q_len, num_splits,
-        H=heads, PAGE=page, KP=kp, SP=triton.next_power_of_2(num_splits),
+        ws_val, ws_id, seq_lens, out, out.stride(0), out.stride(1), q_len, launch.splits,
+        H=heads, PAGE=page, KP=launch.keep, SP=triton.next_power_of_2(launch.splits),
         TOPK=topk, TOPK_P=triton.next_power_of_2(topk),
         num_warps=4,
     )
