@@ -8,9 +8,9 @@ import random
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.common import finish, rng_for
+from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.helmet import world
-from tasks.helmet.common import finish, rng_for
-from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import citation_scores
 
 

@@ -9,8 +9,8 @@ import re
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
-from tasks.helmet.common import after_prefix, finish, rng_for
-from tasks.helmet.fitting import fit_parts
+from tasks.common import after_prefix, finish, rng_for
+from tasks.fitting import fit_parts
 from tasks.metrics import exact_match
 
 TOPICS = {

@@ -9,9 +9,9 @@ import re
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.common import after_prefix, depth_for, finish, first_line, rng_for
+from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.helmet import story
-from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
-from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import exact_match, rouge_l, substring_exact_match
 
 

@@ -7,9 +7,9 @@ import random
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.common import after_prefix, depth_for, finish, first_line, rng_for
+from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.helmet import world
-from tasks.helmet.common import after_prefix, depth_for, finish, first_line, rng_for
-from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import substring_exact_match
 
 

@@ -7,9 +7,9 @@ import string
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.common import after_prefix, finish, first_line, rng_for
+from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.helmet import text
-from tasks.helmet.common import after_prefix, finish, first_line, rng_for
-from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import ruler_recall
 
 

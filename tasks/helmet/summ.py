@@ -10,9 +10,9 @@ import random
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.common import after_prefix, finish, rng_for
+from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.helmet import story
-from tasks.helmet.common import after_prefix, finish, rng_for
-from tasks.helmet.fitting import cut_to_tokens, fit_parts
 from tasks.metrics import normalize_answer, rouge_l
 
 

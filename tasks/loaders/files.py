@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, TaskError, failed_score
-from tasks.helmet.common import after_prefix, finish, first_line
-from tasks.helmet.fitting import Fit, count_tokens, truncate_context
+from tasks.common import after_prefix, finish, first_line
+from tasks.fitting import Fit, count_tokens, truncate_context
 from tasks.metrics import ruler_recall, substring_exact_match
 
 

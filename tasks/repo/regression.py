@@ -14,8 +14,8 @@ from functools import lru_cache
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
-from tasks.helmet.common import depth_for, finish, rng_for
-from tasks.helmet.fitting import cut_to_tokens, fit_parts
+from tasks.common import depth_for, finish, rng_for
+from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.repo.context import distractors, excerpt, place
 
 MODULES = ("colorsys", "fractions", "shlex", "string", "getopt", "quopri")

@@ -1,7 +1,7 @@
 import pytest
 
 from tasks.base import BuildSpec, PromptParts, TaskError, continue_chat_text
-from tasks.helmet.fitting import count_tokens, cut_to_tokens, fit_parts, render, truncate_context
+from tasks.fitting import count_tokens, cut_to_tokens, fit_parts, render, truncate_context
 
 
 def test_render_modes():

@@ -3,8 +3,8 @@ gold output scores 1 and a wrong/empty output 0 under the task's own metric."""
 import pytest
 
 from tasks.base import BuildSpec, continue_chat_text
+from tasks.fitting import count_tokens  # noqa: F401  (imported for clarity of intent)
 from tasks.helmet import CATEGORIES
-from tasks.helmet.fitting import count_tokens  # noqa: F401  (imported for clarity of intent)
 from tasks.registry import all_tasks, get_task
 
 GENERATED = [n for n, c in all_tasks().items() if c.fidelity in ("faithful", "analogue")]

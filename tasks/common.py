@@ -1,4 +1,4 @@
-"""Helpers shared by the HELMET-style generators: sample assembly, depth grid, parsing."""
+"""Helpers shared by the task generators (helmet, repo, loaders): sample assembly, depth grid, parsing."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from tasks.base import BuildSpec, Sample, Task, sample_seed
-from tasks.helmet.fitting import Fit, render
+from tasks.fitting import Fit, render
 
 
 def rng_for(task: Task, spec: BuildSpec, index: int) -> tuple[random.Random, int]:
