@@ -1,7 +1,7 @@
 """plan/run for paged decode: ``MSADecodePlan`` (indexer + sparse attention) and ``DenseDecodePlan``
 (dense split-K baseline). Every decode choice is made in this file, once:
 
-* the implementation, at construction (``resolve_impl``: Triton on CUDA, the fp32 reference on CPU);
+* the implementation, at construction (``validate.resolve_impl``: Triton on CUDA, the fp32 reference on CPU);
 * the index keys, at construction (``index_dtype``): float8_e4m3fn keys score with the e4m3 x e4m3
   tensor-core dot on a GPU (``index_fp8_dot=False`` or the interpreter: widened to fp16);
 * split counts, rows per program, warps and stages, when ``plan()`` sees new sizes (R, max_pages,
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common import validate
-from kernels._common.validate import resolve_impl
 
 from . import naive
 from .triton_attention import launch_dense, launch_sparse
@@ -136,7 +135,7 @@ class _DecodePlanBase:
         self.device, self.dtype = _normalize(torch.device(device)), dtype
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.return_lse = return_lse
-        self.impl = resolve_impl(impl, self.device, self.op)
+        self.impl = validate.resolve_impl(impl, self.device, self.op)
         self.interpret = self.device.type != "cuda"  # Triton on CPU tensors: the interpreter
         self.tuning = tuning or DecodeTuning()
         self.sizes: tuple[int, int, int] | None = None
