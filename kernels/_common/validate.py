@@ -8,21 +8,16 @@ look only at shapes, dtypes, strides and devices, so a CUDA-graph-captured ``run
 """
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 import torch
+
+from kernels._common.device import interpreting
 
 IMPLS = ("auto", "triton", "torch")
 MAX_Q_LEN = 16  # decode: one main token plus drafts
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_KEY_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn,)
-
-
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1. Its numpy ``tl.dot`` misreads bf16 operands as integers
-    (triton 3.9), so kernels get an ``UPCAST`` flag that casts dot operands to fp32 there."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def resolve_impl(impl: str, device: torch.device, op: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 WINDOW_TILES = 16  # tiles per regrouped window: 128 tokens = one 128-key block at 8-token tiles
-HASH_WORDS = 4  # a token's blocks hashed into 4 x 32 bits (a power of two; TileConfig.group_words)
+HASH_WORDS = 4  # a token's blocks hashed into 4 x 32 bits (8 or 16 words: the same unions, slower)
 
 
 def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: torch.Tensor, tile_start: torch.Tensor,
@@ -17,11 +17,11 @@ def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: to
 
     One Triton launch, no host sync; ``tile_req`` / ``tile_start`` from ``tile_table(...,
     longest_first=False)`` (a request's tiles adjacent, in order). One program per window runs the
-    greedy (a chain of 128 dependent picks) of every KV head side by side. Measured on the H200 (M3,
-    4 words; run 7): 2 warps 0.31 ms at 64K and 0.58 at 128K, 1 warp 0.50 / 0.75, 4 warps 0.41 /
-    0.60; run 6's one program per (window, KV head) on 1 warp took 0.39-0.44 / 0.67. ``window``:
-    tiles per regrouped window (a power of two)."""
-    from kernels.sparse_prefill.config import triton_next_pow2
+    greedy (a chain of 128 dependent picks) of every KV head side by side, on 2 warps (measured
+    fastest on the H200, M3 shape: 0.31 ms at 64K, 0.58 at 128K). ``words``: 32-bit words of the
+    hashed block sets; ``window``: tiles per regrouped window (powers of two)."""
+    import triton
+
     from kernels.sparse_prefill.triton_grouping import _group_kernel
 
     t, hkv, k = topk_ids.shape
@@ -29,7 +29,7 @@ def group_tiles(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, tile_req: to
     tokmap = torch.full((n_tiles, hkv, tile_q), -1, dtype=torch.int32, device=topk_ids.device)
     _group_kernel[(n_tiles,)](topk_ids, cu_seqlens_q, tile_req, tile_start, tokmap,
                               topk_ids.stride(0), topk_ids.stride(1), tokmap.stride(0), tokmap.stride(1),
-                              HKV=hkv, HP=triton_next_pow2(hkv), TQ=tile_q, NT=window, TOPK=k, NW=words,
+                              HKV=hkv, HP=triton.next_power_of_2(hkv), TQ=tile_q, NT=window, TOPK=k, NW=words,
                               num_warps=num_warps)
     return tokmap
 

@@ -1,4 +1,4 @@
-"""Public MSA sparse prefill attention op: validation, design choice and launch."""
+"""Public MSA sparse prefill attention op: validation, then the plan (``plan.py``) and its launch."""
 from __future__ import annotations
 
 import math
@@ -7,23 +7,17 @@ from typing import Literal
 
 import torch
 
-from kernels._common.tiles import tile_table
+from kernels._common.device import device_info
 from kernels._common.validate import check_choice, check_lengths, check_size, check_tensor, check_topk_ids, resolve_impl
 from kernels.sparse_prefill import naive
-from kernels.sparse_prefill.config import (TileConfig, default_rare_max, default_tile_q,
-                                           default_tile_stages, prefer_tile, tile_flag, triton_next_pow2)
-from kernels.sparse_prefill.launch import _launch_tile, _launch_token, resolve_config, tile_unions_for
-from kernels.sparse_prefill.unions import TileUnions, build_unions, tile_unions
+from kernels.sparse_prefill.launch import launch
+from kernels.sparse_prefill.plan import OP, PrefillShape, TileConfig, plan_prefill
 
-__all__ = ["msa_prefill_attention", "TileConfig", "TileUnions", "build_unions", "tile_unions", "prefer_tile",
-           "tile_flag", "default_rare_max", "default_tile_q", "default_tile_stages", "triton_next_pow2",
-           "_launch_tile", "_launch_token"]
+__all__ = ["msa_prefill_attention"]
 
-OP = "msa_prefill_attention"
 TOPK_CHOICES = (4, 8, 16, 32)
 BLOCK_CHOICES = (64, 128)
 HEAD_DIM_CHOICES = (64, 128)
-TILE_Q_CHOICES = (1, 2, 4, 8, 16, 32)  # powers of two: the union kernel's id tile is tile_q * k
 
 
 def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids,
@@ -61,8 +55,7 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor,
                           topk_ids: torch.Tensor, *, scale: float | None = None,
                           impl: Literal["auto", "triton", "torch"] = "auto",
-                          design: Literal["auto", "auto_device", "tile", "token"] = "auto",
-                          tile_q: int | None = None,
+                          design: Literal["auto", "tile", "token"] = "auto", tile_q: int | None = None,
                           check_ids: bool = True, out: torch.Tensor | None = None,
                           lse: torch.Tensor | None = None, rare_max: int | None = None,
                           tile_config: TileConfig | None = None, check_lengths: bool = True
@@ -74,20 +67,18 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     ``[T, Hkv, k]`` logical block ids (valid prefix, -1 padding). Returns ``out [T, Hq, d]`` in q's
     dtype and ``lse [T, Hq]`` fp32 (natural log; -inf and zero output for an empty selection).
 
-    ``design`` picks the Triton kernel: ``tile`` shares K/V pages among ``tile_q`` neighbouring
-    tokens, ``token`` runs one program per token (the simple fallback); ``auto`` builds the tile
-    unions and picks ``tile`` unless the mean union is past the measured break-even
-    (``prefer_tile``; one host sync); ``auto_device`` makes the same choice on the device
-    (``tile_flag``) and launches both kernels gated by it: no host sync, same result as ``auto``,
-    but the gated kernels cost more (run 5: 35.6 vs 32.8 ms at 128K, M3 shape).
+    ``design`` picks the kernels (``plan.py`` says which run where): ``tile`` shares K/V pages among
+    ``tile_q`` neighbouring tokens, ``token`` runs one program per token (the simple fallback);
+    ``auto`` builds the tile unions and takes ``tile`` unless the mean union is past the measured
+    break-even (``plan.tile_wins``; one host sync).
     ``rare_max`` (tile design): blocks selected by at most this many of a tile's tokens are left out
-    of the tile's shared loop and added per token by a second pass (``None``: ``default_rare_max``;
-    0: off). ``tile_config`` (``TileConfig``) sets every tile-design option at once; its
-    ``tile_q`` / ``rare_max`` win over the two arguments of those names.
+    of the tile's shared loop and added by a second pass (``None``: the plan's default; 0: off).
+    ``tile_config`` (``TileConfig``) overrides the tile design's plan; its ``tile_q`` / ``rare_max``
+    win over the two arguments of those names.
     ``check_ids`` validates the ids on the device (one host sync; timing runs turn it off).
     ``check_lengths=False`` skips the host-side check of the length values (one more sync; the
     shapes are still checked): for callers that built the lengths themselves, such as the engine.
-    With both off the Triton path has no host sync.
+    With both off the tile design has no host sync.
     ``out`` / ``lse``: optional preallocated outputs of those shapes (q's dtype / fp32, contiguous);
     the kernels write every element (the tests pass NaN-poisoned buffers to prove it).
     """
@@ -103,35 +94,14 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         if lse is not None:
             ref_lse = _output(lse, (t, hq), torch.float32, q.device, "lse").copy_(ref_lse)
         return ref_out, ref_lse
-    if design not in ("auto", "auto_device", "tile", "token"):
-        raise ValueError(f"{OP}: design must be 'auto', 'auto_device', 'tile' or 'token', got {design!r}")
+    cfg = tile_config or TileConfig()
+    cfg = replace(cfg, tile_q=cfg.tile_q or tile_q, rare_max=rare_max if cfg.rare_max is None else cfg.rare_max)
+    plan = plan_prefill(PrefillShape.of(q, k_cache, v_cache, page_table, topk_ids), device_info(q.device), impl=impl,
+                        design=design, config=cfg)
     out = _output(out, (t, hq, d), q.dtype, q.device, "out")
     lse = _output(lse, (t, hq), torch.float32, q.device, "lse")
-    if t == 0:
-        return out, lse
-    group = hq // k_cache.shape[1]
-    cfg = tile_config or TileConfig()
-    cfg = resolve_config(replace(cfg, tile_q=cfg.tile_q or tile_q,
-                                 rare_max=rare_max if cfg.rare_max is None else cfg.rare_max),
-                         group, k_cache.shape[2], q, k_cache, v_cache, gated=design == "auto_device", out=out)
-    tile_q, rare_max = cfg.tile_q, int(cfg.rare_max)
-    if tile_q not in TILE_Q_CHOICES:
-        raise ValueError(f"{OP}: tile_q must be one of {TILE_Q_CHOICES}, got {tile_q}")
-    if not 0 <= rare_max < tile_q:
-        raise ValueError(f"{OP}: rare_max must be in 0..tile_q-1 = 0..{tile_q - 1}, got {rare_max}")
-    if design == "token":
-        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
-        return out, lse
-    tiles = tile_table(cu_seqlens_q, t, tile_q, longest_first=False)
-    union = tile_unions_for(cfg, topk_ids, page_table, cu_seqlens_q, tiles)
-    flag = None
-    if design != "tile":
-        flag = tile_flag(union.count, union.rare_ids, tiles[0], topk_ids.shape[2], tile_q, group)
-    if design == "auto" and not flag.item():  # the host sync of "auto"
-        _launch_token(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
-        return out, lse
-    _launch_tile(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
-                 tile_q, tiles=tiles, union=union, config=cfg, flag=flag if design == "auto_device" else None)
+    if t > 0:
+        launch(plan, q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
     return out, lse
 
 

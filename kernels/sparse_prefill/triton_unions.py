@@ -19,10 +19,10 @@ def _tile_token(TOKMAP, tile, g, j, t0, q_end, HKV: tl.constexpr, TQ: tl.constex
 
 
 @triton.jit
-def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE, TOKMAP, RLIST, RCOUNT,
+def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, RARE, TOKMAP,
                   stride_it, stride_ih, stride_pt, stride_ut, stride_uh, stride_rt, stride_rh,
                   HKV: tl.constexpr, TQ: tl.constexpr, TOPK: tl.constexpr, RARE_MAX: tl.constexpr,
-                  GROUPED: tl.constexpr = False, LIST: tl.constexpr = False):
+                  GROUPED: tl.constexpr = False):
     """Union of the selected blocks of one (tile, KV head), de-duplicated and compacted in order of
     first appearance (token by token), with the physical page of each block and the bitmask of the
     tile's tokens that selected it (int32, bit j = token t0 + j, TQ <= 32); -1 after ``count``.
@@ -30,8 +30,6 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     ``RARE_MAX > 0``: blocks selected by at most ``RARE_MAX`` of the tile's tokens stay out of the
     union; each token's such blocks go to ``RARE [T, Hkv, TOPK]`` instead (compacted, -1 after).
     ``GROUPED``: the tile's j-th token is ``TOKMAP[tile, g, j]`` (-1: none), not ``t0 + j``.
-    ``LIST``: each (token, KV head) with rare blocks is also appended (``token * HKV + g``) to
-    ``RLIST``, its length counted in ``RCOUNT`` (one atomic add per tile; the order varies).
     """
     pid = tl.program_id(0)
     tile = pid // HKV
@@ -76,10 +74,6 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
         r_base = RARE + tok2.to(tl.int64)[:, None] * stride_rt + g * stride_rh
         tl.store(r_base + r_slot, tl.reshape(ids, [TQ, TOPK]), mask=tok_ok & (rare2 > 0))
         tl.store(r_base + col, -1, mask=tok_ok & (col >= r_cnt[:, None]))
-        if LIST:
-            has = ok2 & (r_cnt > 0)
-            base = tl.atomic_add(RCOUNT, tl.sum(has.to(tl.int32), axis=0))
-            tl.store(RLIST + base + tl.cumsum(has.to(tl.int32), axis=0) - 1, tok2 * HKV + g, mask=has)
     slot = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     count = tl.sum(keep.to(tl.int32), axis=0)
     page = tl.load(PT + tl.maximum(req, 0).to(tl.int64) * stride_pt + ids, mask=keep, other=0)
@@ -91,24 +85,3 @@ def _union_kernel(IDS, PT, CUQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUN
     tl.store(UPAGE + base + idx, 0, mask=idx >= count)
     tl.store(UMASK + base + idx, 0, mask=idx >= count)
     tl.store(UCOUNT + pid, count)
-
-
-@triton.jit
-def _rare_sort_kernel(RARE, SORTED, SCOUNT, T, stride_rt, stride_rh, stride_sw, stride_sh,
-                      HKV: tl.constexpr, WIN: tl.constexpr, TOPK: tl.constexpr):
-    """The rare (token, block) pairs of one window of ``WIN`` packed tokens and one KV head as sorted
-    keys ``block * WIN + token offset`` (so the tokens that chose the same block are adjacent, in
-    token order), ``INT_MAX`` after ``SCOUNT`` valid keys."""
-    pid = tl.program_id(0)
-    w = pid // HKV
-    g = pid % HKV
-    NP: tl.constexpr = WIN * TOPK
-    idx = tl.arange(0, NP)
-    j = idx // TOPK
-    tok = w * WIN + j
-    ids = tl.load(RARE + tok.to(tl.int64) * stride_rt + g * stride_rh + idx % TOPK, mask=tok < T, other=-1)
-    keys = tl.where(ids >= 0, ids * WIN + j, 2147483647)
-    keys = tl.sort(keys)
-    base = w.to(tl.int64) * stride_sw + g * stride_sh
-    tl.store(SORTED + base + idx, keys)
-    tl.store(SCOUNT + pid, tl.sum((ids >= 0).to(tl.int32), axis=0))

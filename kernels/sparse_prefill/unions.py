@@ -44,8 +44,6 @@ class TileUnions:
     count: torch.Tensor
     rare_ids: torch.Tensor | None
     tokmap: torch.Tensor | None = None  # the tile's tokens when regrouped (``group_tiles``)
-    rare_list: torch.Tensor | None = None  # int32 [T * Hkv]: token * Hkv + g of the items with rare blocks
-    rare_count: torch.Tensor | None = None  # int32 [1]: how many of rare_list are written
 
     def __iter__(self):
         return iter((self.union, self.pages, self.count))
@@ -53,16 +51,15 @@ class TileUnions:
 
 def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  tile_req: torch.Tensor, tile_start: torch.Tensor, tile_q: int, rare_max: int = 0,
-                 tokmap: torch.Tensor | None = None, rare_list: bool = False,
-                 num_warps: int | None = None) -> TileUnions:
+                 tokmap: torch.Tensor | None = None, num_warps: int | None = None) -> TileUnions:
     """Union of the selected blocks of each (tile, KV head), one Triton launch, no host sync.
 
     Distinct logical ids in order of first appearance, their physical pages and the bitmask of the
     tile's tokens that selected each (bit j: token ``tile_start + j``). ``rare_max > 0``: blocks
     selected by at most ``rare_max`` tokens of the tile are left out and listed per token in
     ``rare_ids`` instead. ``tile_q`` must be a power of two up to 32. ``num_warps`` (``None``: 1 when
-    ``tile_q * k <= 128``, the M3 shape's path, measured fastest on the H200 in run 7: 0.83-0.87 ->
-    0.52-0.55 ms at 128K, 7.25 -> 4.21 at 1M; else 4).
+    ``tile_q * k <= 128``, the M3 shape's path, measured fastest on the H200: 0.52-0.55 ms at 128K
+    against 0.83-0.87 on 4 warps; else 4).
     """
     from kernels.sparse_prefill.triton_unions import _union_kernel
 
@@ -75,35 +72,11 @@ def build_unions(topk_ids: torch.Tensor, page_table: torch.Tensor, cu_seqlens_q:
     count = torch.empty((n_tiles, hkv), dtype=torch.int32, device=dev)
     rare = torch.empty((t, hkv, k), dtype=torch.int32, device=dev) if rare_max > 0 else None
     rare_arg = rare if rare is not None else count
-    listed = rare is not None and rare_list
-    rlist = torch.empty(t * hkv if listed else 1, dtype=torch.int32, device=dev)
-    rcount = torch.zeros(1, dtype=torch.int32, device=dev)
     _union_kernel[(n_tiles * hkv,)](
         topk_ids, page_table, cu_seqlens_q, tile_req, tile_start, union, pages, token_mask, count, rare_arg,
-        tokmap if tokmap is not None else count, rlist, rcount,
+        tokmap if tokmap is not None else count,
         topk_ids.stride(0), topk_ids.stride(1), page_table.stride(0), union.stride(0), union.stride(1),
         rare.stride(0) if rare is not None else 0, rare.stride(1) if rare is not None else 0,
-        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, GROUPED=tokmap is not None, LIST=listed,
+        HKV=hkv, TQ=tile_q, TOPK=k, RARE_MAX=rare_max, GROUPED=tokmap is not None,
         num_warps=num_warps or (1 if tile_q * k <= 128 else 4))
-    return TileUnions(union, pages, token_mask, count, rare, tokmap, rlist if listed else None,
-                      rcount if listed else None)
-
-
-RARE_WINDOW = 128  # packed tokens whose rare pairs one program of the window merge pass handles
-
-
-def sort_rare_pairs(rare_ids: torch.Tensor, window: int = RARE_WINDOW) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each window's rare (token, block) pairs sorted by block, then token (one Triton launch).
-
-    Returns ``keys`` int32 ``[windows, Hkv, window * k]`` (``block * window + token - window start``,
-    INT_MAX after the valid ones) and ``count`` int32 ``[windows, Hkv]``; ``window`` a power of two.
-    """
-    from kernels.sparse_prefill.triton_unions import _rare_sort_kernel
-
-    t, hkv, k = rare_ids.shape
-    n_win = -(-t // window)
-    keys = torch.empty((n_win, hkv, window * k), dtype=torch.int32, device=rare_ids.device)
-    count = torch.empty((n_win, hkv), dtype=torch.int32, device=rare_ids.device)
-    _rare_sort_kernel[(n_win * hkv,)](rare_ids, keys, count, t, rare_ids.stride(0), rare_ids.stride(1),
-                                      keys.stride(0), keys.stride(1), HKV=hkv, WIN=window, TOPK=k, num_warps=4)
-    return keys, count
+    return TileUnions(union, pages, token_mask, count, rare, tokmap)

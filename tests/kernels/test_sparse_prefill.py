@@ -6,7 +6,8 @@ from kernels.indexer import naive as indexer_naive
 from kernels.sparse_prefill import msa_prefill_attention
 from kernels.sparse_prefill.naive import dense_causal_reference, sparse_attention_reference
 from kernels._common.tiles import tile_table
-from kernels.sparse_prefill.op import build_unions, prefer_tile, tile_unions
+from kernels.sparse_prefill.plan import TileConfig, prefer_tile
+from kernels.sparse_prefill.unions import build_unions, tile_unions
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -155,7 +156,7 @@ def test_rare_split_matches_reference(paged_case, rare_max, q_lens, kv_lens, hkv
 
 
 def test_auto_design_follows_the_measured_break_even():
-    # H200 measurements (benchmarks/prefill/RESULTS.md): M3 shape, structured selections (union 25
+    # H200 measurements (benchmarks/kernels/RESULTS.md): M3 shape, structured selections (union 25
     # blocks per tile of 8 tokens) ran faster tiled, random ones (union 88) faster per token;
     # SmolLM2 (G = 3, union 41 per 16 tokens) ran 2.6x faster tiled.
     assert prefer_tile(25.0, 16, 8, 16)
@@ -211,13 +212,9 @@ def test_rejects_wrong_ids_shape_and_topk(paged_case):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("num_stages", [2, 3])
 def test_tile_kernel_gpu_pipelining_depths(paged_case, num_stages):
-    from kernels.sparse_prefill.op import _launch_tile
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=5)
     ids = _ids(case, 16)
-    out = torch.full_like(case["q"], float("nan"))
-    lse = torch.full(case["q"].shape[:2], float("nan"), device="cuda")
-    _launch_tile(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                 case["seq_lens_kv"], ids, out, lse, case["q"].shape[-1] ** -0.5, 8, num_stages=num_stages)
+    out, lse = _run(case, ids, design="tile", tile_config=TileConfig(tile_q=8, rare_max=0, num_stages=num_stages))
     assert_attention_close(out, lse, *_reference(case, ids))
 
 

@@ -1,4 +1,5 @@
-"""Tile-kernel options (head split, lazy rescale, exp FMA, merge-pass stages) and the no-sync auto design."""
+"""Tile-design options (regrouping, TMA, step sizes, register cap, rare pass) against the reference, their
+limits, and the auto design's tile-vs-token choice."""
 import dataclasses
 
 import pytest
@@ -7,9 +8,8 @@ import torch
 from kernels._common.tiles import tile_table
 from kernels.indexer import naive as indexer_naive
 from kernels.sparse_prefill import msa_prefill_attention
-from kernels.sparse_prefill.config import TileConfig, prefer_tile, tile_flag
-from kernels.sparse_prefill.launch import _launch_tile
 from kernels.sparse_prefill.naive import sparse_attention_reference
+from kernels.sparse_prefill.plan import TileConfig, prefer_tile, tile_flag
 from kernels.sparse_prefill.unions import build_unions
 
 CUDA = torch.cuda.is_available()
@@ -41,25 +41,15 @@ def _check(case, ids, out, lse):
 
 
 @pytest.mark.parametrize("cfg", [
-    TileConfig(tile_q=8, rare_max=2, head_split=2),
-    TileConfig(tile_q=8, rare_max=0, lazy=True, exp_fma=False),
-    TileConfig(tile_q=8, rare_max=1, exp_fma=False, rare_stages=1),
-    TileConfig(tile_q=4, rare_max=1, head_split=4, lazy=True, exp_fma=True, num_stages=1),
+    TileConfig(tile_q=8, rare_max=0),
+    TileConfig(tile_q=4, rare_max=1, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, block_n=32, maxnreg=128),  # 2-4 steps per block, causal per step
-    TileConfig(tile_q=8, rare_max=3, rare_pass="window"),
     TileConfig(tile_q=8, rare_max=1, group=True, block_n=64),
-    TileConfig(tile_q=4, rare_max=2, group=True, head_split=2),
-    TileConfig(tile_q=8, rare_max=3, group=True, rare_list=True, rare_stages=1),
-    TileConfig(tile_q=8, rare_max=1, rare_list=True),
-    TileConfig(tile_q=4, rare_max=2, rare_pass="window", rare_chunk=2, block_n=32),
-    TileConfig(tile_q=8, rare_max=1, rare_pass="tail", group=True, block_n=64),  # the tile adds its rare blocks
-    TileConfig(tile_q=8, rare_max=3, rare_pass="tail", block_n=32),
-    TileConfig(tile_q=4, rare_max=2, rare_pass="tail", block_n=0),
+    TileConfig(tile_q=4, rare_max=2, group=True),
+    TileConfig(tile_q=8, rare_max=3, group=True),
     TileConfig(tile_q=8, rare_max=1, tma=True, group=True, block_n=64),  # K / V through tensor descriptors
-    TileConfig(tile_q=4, rare_max=2, tma=True, rare_pass="tail", block_n=32),
-    TileConfig(tile_q=4, rare_max=1, head_major=True, head_split=2),  # programs ordered head by head
-    TileConfig(tile_q=8, rare_max=3, rare_block_n=32, rare_warps=2),  # rare pass in 32-key steps
-    TileConfig(tile_q=8, rare_max=2, rare_pass="tail", rare_list=True),  # the tail pass needs no list
+    TileConfig(tile_q=4, rare_max=2, tma=True, block_n=32),
+    TileConfig(tile_q=8, rare_max=3, rare_block_n=32),  # rare pass in 32-key steps
 ])
 @pytest.mark.parametrize("q_lens,kv_lens,hkv,group,d,block,topk", [
     ([24], [2500], 1, 16, 128, 64, 32),      # M3-like group, long history, prefix in the cache
@@ -71,26 +61,6 @@ def test_tile_options_match_reference(paged_case, cfg, q_lens, kv_lens, hkv, gro
     ids = _ids(case, topk)
     out, lse = _poisoned(case)
     cfg = dataclasses.replace(cfg, kernel="triton")  # the Triton tile kernel's options (on sm_90 too)
-    msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
-                          case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
-    _check(case, ids, out, lse)
-
-
-def test_head_split_must_divide_the_group(paged_case):
-    case = paged_case([10], [100], hkv=2, group=3, d=64, block=64, device=DEV)
-    with pytest.raises(ValueError, match="head_split must divide"):
-        _tile_call(case, TileConfig(head_split=2))
-
-
-@pytest.mark.parametrize("rare_max,chunk", [(7, 8), (7, 2), (4, 8)])
-def test_window_rare_pass_matches_reference(paged_case, rare_max, chunk):
-    # rare_max 7 of 8: every pair goes to the window pass, several windows, a window shared by two
-    # requests, tokens merged many times in one program (chunk 2: up to 4 steps per block)
-    case = paged_case([200, 90], [1200, 90], hkv=2, group=4, d=64, block=64, dtype=torch.bfloat16, device=DEV,
-                      seed=17)
-    ids = _ids(case, 8)
-    out, lse = _poisoned(case)
-    cfg = TileConfig(tile_q=8, rare_max=rare_max, rare_pass="window", rare_chunk=chunk)
     msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"],
                           case["seq_lens_kv"], ids, impl="triton", design="tile", tile_config=cfg, out=out, lse=lse)
     _check(case, ids, out, lse)
@@ -122,7 +92,7 @@ def test_group_tiles_kernel_equals_reference_and_is_a_permutation():
     assert torch.equal(got4.cpu(), group_tiles_reference(ids, cu, 8, words=2).cpu())
     got32 = group_tiles(ids.to(DEV), cu.to(DEV), *tiles, 8, words=8, window=32)  # 256-token windows
     assert torch.equal(got32.cpu(), group_tiles_reference(ids, cu, 8, words=8, window=32).cpu())
-    req, start = tiles[0].cpu(), tiles[1].cpu()
+    req = tiles[0].cpu()
     for g in range(3):  # every token once, in a tile of its own request's window
         toks = got[:, g][req >= 0].cpu()
         assert sorted(toks[toks >= 0].tolist()) == list(range(330))
@@ -140,28 +110,6 @@ def test_group_tiles_kernel_equals_reference_and_is_a_permutation():
         assert len({int(x) % 2 for x in got[tile, 0].tolist()}) == 1  # one kind per tile
 
 
-def test_rare_list_names_each_item_with_rare_blocks_once(paged_case):
-    case = paged_case([300, 70], [1400, 70], hkv=2, group=4, d=64, block=64, device=DEV, seed=29)
-    ids = _ids(case, 8)
-    tiles = tile_table(case["cu_seqlens_q"], 370, 8, longest_first=False)
-    u = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8, rare_max=2, rare_list=True)
-    listed = u.rare_list[:int(u.rare_count)].tolist()
-    want = {t * 2 + g for t in range(370) for g in range(2) if int(u.rare_ids[t, g, 0]) >= 0}
-    assert len(listed) == len(set(listed)) and set(listed) == want and want
-
-
-def test_rare_sort_orders_pairs_by_block_then_token():
-    from kernels.sparse_prefill.unions import sort_rare_pairs
-    rare = torch.full((130, 1, 4), -1, dtype=torch.int32)
-    rare[5, 0, :2] = torch.tensor([7, 3])
-    rare[2, 0, :1] = 7
-    rare[129, 0, :1] = 1  # second window
-    keys, count = sort_rare_pairs(rare.to(DEV))
-    assert count.tolist() == [[3], [1]]
-    assert keys[0, 0, :3].tolist() == [3 * 128 + 5, 7 * 128 + 2, 7 * 128 + 5]
-    assert keys[1, 0, 0].item() == 1 * 128 + 1 and keys[0, 0, 3].item() == 2**31 - 1
-
-
 def test_rare_pass_must_be_known(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     with pytest.raises(ValueError, match="rare_pass must be"):
@@ -174,24 +122,11 @@ def test_items_rare_pass_needs_the_gluon_kernel(paged_case):
         _tile_call(case, TileConfig(kernel="triton", rare_max=1, rare_pass="items"))
 
 
-def test_tail_rare_pass_needs_whole_groups(paged_case):
-    case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
-    with pytest.raises(ValueError, match="rare_pass='tail' needs head_split=1"):
-        _tile_call(case, TileConfig(rare_max=1, rare_pass="tail", head_split=2))
-
-
 def test_tma_needs_contiguous_caches(paged_case):
     case = paged_case([10], [100], hkv=2, group=4, d=64, block=64, device=DEV)
     k = case["k_cache"].transpose(1, 2).contiguous().transpose(1, 2)  # same values, heads not outermost
     with pytest.raises(ValueError, match="tma=True needs contiguous k_cache"):
         _tile_call(case, TileConfig(tma=True), k_cache=k)
-
-
-@pytest.mark.parametrize("field", ["group_words", "group_window"])
-def test_regrouping_sizes_must_be_powers_of_two(paged_case, field):
-    case = paged_case([10], [100], hkv=2, group=16, d=64, block=64, device=DEV)
-    with pytest.raises(ValueError, match=f"{field} must be a power of two"):
-        _tile_call(case, TileConfig(**{field: 12}))
 
 
 @pytest.mark.parametrize("field", ["block_n", "rare_block_n"])
@@ -212,23 +147,6 @@ def test_device_flag_follows_prefer_tile():
     assert tile_flag(count, None, tile_req, 4, 8, 16).tolist() == [int(prefer_tile(25.0, 4, 8, 16))]
 
 
-@pytest.mark.parametrize("flag_value", [0, 1])
-def test_gated_launch_runs_the_flagged_design(paged_case, flag_value):
-    case = paged_case([45, 7], [300, 7], hkv=2, group=8, d=64, block=64, dtype=torch.bfloat16, device=DEV, seed=3)
-    ids = _ids(case, 8)
-    args = (case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
-    tiles = tile_table(case["cu_seqlens_q"], 52, 8, longest_first=False)
-    union = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8, rare_max=2)
-    out, lse = _poisoned(case)
-    flag = torch.tensor([flag_value], dtype=torch.int32, device=DEV)
-    _launch_tile(*args, ids, out, lse, 0.125, 8, tiles=tiles, union=union, config=TileConfig(tile_q=8, rare_max=2),
-                 flag=flag)
-    _check(case, ids, out, lse)
-    want, want_lse = msa_prefill_attention(*args, ids, impl="triton", design="tile" if flag_value else "token",
-                                           tile_q=8, rare_max=2)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)  # the same kernels ran, bit for bit
-
-
 def test_auto_design_picks_per_token_for_scattered_selections(paged_case):
     # random index inputs at k = 4 over ~40 blocks: 8 neighbours share almost nothing, the union
     # (~20 blocks for 32 selections, no rare split) is past the break-even (12), so auto must give
@@ -240,17 +158,15 @@ def test_auto_design_picks_per_token_for_scattered_selections(paged_case):
     union = build_unions(ids, case["page_table"], case["cu_seqlens_q"], *tiles, 8)
     assert tile_flag(union.count, union.rare_ids, tiles[0], 4, 8, 16).item() == 0
     token = msa_prefill_attention(*args, ids, impl="triton", design="token")
-    for design in ("auto", "auto_device"):  # host-side and device-side choice: the same kernel ran
-        got = msa_prefill_attention(*args, ids, impl="triton", design=design, rare_max=0)
-        assert torch.equal(got[0], token[0]) and torch.equal(got[1], token[1])
+    got = msa_prefill_attention(*args, ids, impl="triton", design="auto", rare_max=0)
+    assert torch.equal(got[0], token[0]) and torch.equal(got[1], token[1])  # the same kernel ran
 
 
-@pytest.mark.parametrize("design", ["auto", "auto_device"])
-def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
+def test_auto_design_picks_the_tile_for_shared_selections(paged_case):
     case = paged_case([45, 7], [300, 7], hkv=2, group=8, d=64, block=64, dtype=torch.bfloat16, device=DEV, seed=3)
     ids = _ids(case, 8)
     args = (case["q"], case["k_cache"], case["v_cache"], case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
-    got = msa_prefill_attention(*args, ids, impl="triton", design=design)
+    got = msa_prefill_attention(*args, ids, impl="triton", design="auto")
     tile = msa_prefill_attention(*args, ids, impl="triton", design="tile")
     assert torch.equal(got[0], tile[0]) and torch.equal(got[1], tile[1])
 
@@ -258,19 +174,13 @@ def test_auto_designs_pick_the_tile_for_shared_selections(paged_case, design):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("cfg", [
-    TileConfig(tile_q=8, rare_max=2, rare_stages=1), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=False),
-    TileConfig(tile_q=8, rare_max=2, exp_fma=False), TileConfig(tile_q=8, rare_max=2, lazy=True, exp_fma=True),
-    TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=1),
-    TileConfig(tile_q=8, rare_max=2, head_split=2, num_warps=4, num_stages=2),
+    TileConfig(tile_q=8, rare_max=2), TileConfig(tile_q=8, rare_max=2, num_warps=4, num_stages=2),
     TileConfig(tile_q=4, rare_max=1, num_warps=4, num_stages=1),
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=2),
     TileConfig(tile_q=8, rare_max=2, block_n=64, maxnreg=128, num_stages=3),
-    TileConfig(group=True, rare_max=2), TileConfig(group=False), TileConfig(rare_list=True),
-    TileConfig(rare_list=True, rare_stages=1), TileConfig(rare_pass="tail"),
-    TileConfig(rare_pass="tail", rare_max=3, group=False), TileConfig(tma=True),
-    TileConfig(tma=True, rare_pass="tail"), TileConfig(tma=True, group=False, block_n=0, maxnreg=0),
-    TileConfig(head_major=True), TileConfig(head_major=True, tma=True),
-    TileConfig(rare_max=2, rare_block_n=0, rare_warps=4), TileConfig(kernel="gluon", rare_max=2), None])
+    TileConfig(group=True, rare_max=2), TileConfig(group=False), TileConfig(tma=True),
+    TileConfig(tma=True, group=False, block_n=0, maxnreg=0), TileConfig(rare_max=2, rare_block_n=0),
+    TileConfig(kernel="gluon", rare_max=2), None])
 def test_tile_options_gpu_m3(paged_case, cfg):
     case = paged_case([1500, 700], [6000, 700], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=21)
     from kernels.indexer import msa_indexer
@@ -286,11 +196,9 @@ def test_tile_options_gpu_m3(paged_case, cfg):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("design", ["tile", "auto_device"])
-def test_engine_path_has_no_host_sync(paged_case, design):
-    # what engine/attention/msa.py calls per MSA layer (design "tile"), and the device-side auto:
-    # indexer and attention with the host checks off; any synchronising CUDA call raises in
-    # sync-debug "error" mode
+def test_engine_path_has_no_host_sync(paged_case):
+    # what engine/attention/msa.py calls per MSA layer (design "tile"): indexer and attention with the
+    # host checks off; any synchronising CUDA call raises in sync-debug "error" mode
     case = paged_case([900, 300], [3000, 300], hkv=4, group=16, d=128, block=128, d_idx=128, device="cuda", seed=4)
     from kernels.indexer import msa_indexer
     args = (case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
@@ -300,7 +208,7 @@ def test_engine_path_has_no_host_sync(paged_case, design):
     torch.cuda.set_sync_debug_mode("error")
     try:
         ids = msa_indexer(case["q_idx"], case["k_idx_cache"], *args, 16, check_lengths=False)
-        out, lse = msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], *args, ids, design=design,
+        out, lse = msa_prefill_attention(case["q"], case["k_cache"], case["v_cache"], *args, ids, design="tile",
                                          check_ids=False, check_lengths=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
