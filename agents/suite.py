@@ -2,12 +2,9 @@
 family; an entry's tasks are generated and gold-validated when first needed, then cached.
 
 Listing (`entry_status`) reads the config and the cache only, so it answers at once. Generation
-(seconds to minutes: test baselines, gold replays) happens when a task is run, or on request.
-Each entry has one cache file under the cache folder the caller passes (the CLI's is
-`$MSA_EVAL_HOME/agent-suites`), named by a key over the family, its version, the seed, the
-knobs, the harness code and the Python build. Its header pins the SHA-256 of its body and of
-every source file its tasks were generated from: an edited source, a torn or hand-edited file
-reads as stale or corrupt and is regenerated, never trusted.
+(seconds to minutes: test baselines, gold replays) happens when a task is run, or on request,
+and its result is cached (`suite_cache.py`) in the folder the caller passes (the CLI's is
+`$MSA_EVAL_HOME/agent-suites`); a stale or damaged cache is regenerated, never trusted.
 
 `find_task(suite, "regression")` is the first task of a family (letters A-D work too),
 `find_task(suite, "regression:<id>")` or `find_task(suite, "<id>")` a task by id; only the
@@ -15,28 +12,19 @@ entries of the family the reference names are generated. Unknown ids raise namin
 """
 from __future__ import annotations
 
-import ast
-import hashlib
-import json
-import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agents.errors import AgentHarnessError, UnknownTaskError
 from agents.families import FAMILIES, canonical_task_id, family_name, family_names, get_family, task_family
+from agents.suite_cache import Status, cache_path, read_cache, write_cache
 from agents.task import AgentTask
-from msa_common.atomic import atomic_write_text
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "agents.yaml"
-CACHE_SCHEMA = "msa-eval.agent-suite-cache/1"
-_CODE_PACKAGES = ("agents", "tasks", "msa_common")  # generation's code: its bytes are in the key
-
-Status = Literal["cached", "missing", "stale", "corrupt"]
 
 
 class _Suite(BaseModel):
@@ -95,7 +83,7 @@ def load_suite_config(name: str, path: Path | None = None) -> dict[str, Any]:
 
 def open_suite(name: str, config: Path | None, cache: Path) -> Suite:
     suite = load_suite_config(name, config)
-    entries = []
+    entries: list[Entry] = []
     for fam, knob_list in suite["families"].items():
         for knobs in knob_list:
             knobs = dict(knobs)
@@ -106,114 +94,11 @@ def open_suite(name: str, config: Path | None, cache: Path) -> Suite:
     return Suite(name, suite["seed"], tuple(entries), Path(cache))
 
 
-# -- the cache ------------------------------------------------------------------------------
-def _module_file(root: Path, name: str) -> Path | None:
-    if name.partition(".")[0] not in _CODE_PACKAGES:
-        return None
-    base = root.joinpath(*name.split("."))
-    for p in (base.with_suffix(".py"), base / "__init__.py"):
-        if p.is_file():
-            return p
-    return None
-
-
-@lru_cache(maxsize=None)
-def _imports(path: Path) -> list[str]:
-    """Every absolute import in a file (module level and inside functions), as module names."""
-    out: list[str] = []
-    for node in ast.walk(ast.parse(path.read_bytes())):
-        if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-    return out
-
-
-@lru_cache(maxsize=None)
-def _code_hash(family: str) -> str:
-    """SHA-256 over the family module and every module of ours it imports, transitively (read
-    statically, so the key does not depend on what this process happened to import)."""
-    root = Path(__file__).resolve().parent.parent
-    seen: dict[str, Path] = {}
-    todo = [FAMILIES.table[family].partition(":")[0]]
-    while todo:
-        name = todo.pop()
-        path = _module_file(root, name)
-        if path is None or name in seen:
-            continue
-        seen[name] = path
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages above run on import too
-        todo += _imports(path)
-    h = hashlib.sha256()
-    for p in sorted(seen.values()):
-        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
-    return h.hexdigest()
-
-
-def entry_key(entry: Entry) -> str:
-    blob = json.dumps({"family": entry.family, "version": get_family(entry.family).version, "seed": entry.seed,
-                       "n": entry.n, "knobs": entry.knobs, "code": _code_hash(entry.family), "python": sys.version,
-                       "prefix": sys.base_prefix}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def cache_path(entry: Entry, cache: Path) -> Path:
-    return Path(cache) / f"{entry.family}-seed{entry.seed}-{entry_key(entry)}.jsonl"
-
-
-def _sources(tasks: list[AgentTask]) -> dict[str, str]:
-    """{absolute path: sha256} of every source file the tasks pin."""
-    out: dict[str, str] = {}
-    for t in tasks:
-        for info in t.spec.get("files", {}).values():
-            out[info["path"]] = info["sha256"]
-    return dict(sorted(out.items()))
-
-
-def _file_sha(path: str) -> str | None:
-    p = Path(path)
-    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-
-
-def _key_of(path: Path) -> str:
-    return path.stem.rsplit("-", 1)[-1]
-
-
-def write_cache(entry: Entry, tasks: list[AgentTask], path: Path) -> None:
-    body = "".join(json.dumps(t.to_dict(), sort_keys=True) + "\n" for t in tasks)
-    header = {"schema": CACHE_SCHEMA, "key": _key_of(path), "family": entry.family,
-              "seed": entry.seed, "n": entry.n, "knobs": entry.knobs, "tasks": len(tasks),
-              "body_sha256": hashlib.sha256(body.encode()).hexdigest(), "sources": _sources(tasks)}
-    atomic_write_text(path, json.dumps(header, sort_keys=True, default=str) + "\n" + body)
-
-
-def read_cache(path: Path) -> tuple[Status, list[AgentTask]]:
-    """("cached", tasks) when the file is whole and its sources unchanged, else (why not, [])."""
-    if not path.is_file():
-        return "missing", []
-    try:
-        head, _, body = path.read_bytes().partition(b"\n")
-        header = json.loads(head)
-        ok = (header.get("schema") == CACHE_SCHEMA and header.get("key") == _key_of(path)
-              and header.get("body_sha256") == hashlib.sha256(body).hexdigest())
-        tasks = [AgentTask.from_dict(json.loads(line)) for line in body.decode().splitlines()] if ok else []
-        ok = ok and len(tasks) == header.get("tasks") and _sources(tasks) == header.get("sources")
-    except (ValueError, TypeError, AttributeError, KeyError):  # undecodable, not JSON, or not task-shaped
-        ok = False
-    if not ok:
-        return "corrupt", []
-    if any(_file_sha(p) != sha for p, sha in header["sources"].items()):
-        return "stale", []
-    return "cached", tasks
-
-
 def entry_status(entry: Entry, cache: Path) -> tuple[Status, list[AgentTask]]:
     """What the cache holds for `entry`, without generating anything."""
     return read_cache(cache_path(entry, cache))
 
 
-# -- generation -----------------------------------------------------------------------------
 def generate_entry(entry: Entry) -> list[AgentTask]:
     """The entry's `n` validated tasks (deterministic under its seed)."""
     try:
@@ -263,11 +148,11 @@ def find_task(suite: Suite, ref: str) -> AgentTask:
     """A task by family (its first task), FAMILY:ID or ID; generates only that family's entries."""
     fam_ref, _, tid = ref.partition(":")
     if not tid and ref in FAMILIES:
-        fam = family_name(ref)
-        entries = [e for e in suite.entries if e.family == fam]
-        if not entries:
-            raise UnknownTaskError(f"the suite has no family {fam} task")
-        return entry_tasks(entries[0], suite.cache)[0]
+        name = family_name(ref)
+        first = [e for e in suite.entries if e.family == name]
+        if not first:
+            raise UnknownTaskError(f"the suite has no family {name} task")
+        return entry_tasks(first[0], suite.cache)[0]
     want = tid or ref
     fam = family_name(fam_ref) if tid else task_family(want)
     entries = [e for e in suite.entries if e.family == fam]

@@ -189,7 +189,7 @@ def list_cmd(suite, config_path, validate, regenerate, as_json) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Trajectory path (default runs/agents/<task>-<backend>.jsonl).")
 @click.option("--resume", "resume", is_flag=True, help="Continue the trajectory at --out.")
 @click.option("--source", type=click.Path(path_type=Path), default=None,
-              help="A regression task from your own repository (a directory with test_*.py files) instead of the suite.")
+              help="A regression task from your own repository (a folder with test_*.py files), not the suite.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Generator seed with --source.")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:

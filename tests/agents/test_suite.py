@@ -36,7 +36,8 @@ def test_names_and_letters():
     assert canonical_task_id("C-Node-936a8e2f") == "rename-Node-936a8e2f"
     assert canonical_task_id("ledger-email-b6d97050") == "ledger-email-b6d97050"
     assert task_family("no-such-task") is None and canonical_task_id("no-such-task") == "no-such-task"
-    with pytest.raises(UnknownTaskError, match="unknown task family 'E'; families are regression, needle, rename, ledger"):
+    msg = "unknown task family 'E'; families are regression, needle, rename, ledger"
+    with pytest.raises(UnknownTaskError, match=msg):
         get_family("E")
 
 
