@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", required=True, choices=OPS)
-    ap.add_argument("--preset", required=True, metavar="NAME", help="a preset of the op's module (an unknown name lists them)")
+    ap.add_argument("--preset", required=True, metavar="NAME",
+                    help="a preset of the op's module (an unknown name lists them)")
     ap.add_argument("--json", metavar="OUT", help="write {op, preset, env, rows} to this file")
     args = ap.parse_args(argv)
     module = importlib.import_module(f"benchmarks.kernels.{args.op}")
