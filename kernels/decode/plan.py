@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common import validate
+from kernels._common.device import interpreting, sm_count
 
 from . import naive
 from .triton_attention import launch_dense, launch_sparse
@@ -95,10 +96,8 @@ def _next_pow2(x: int) -> int:
 
 
 def target_programs(device: torch.device) -> int:
-    """About four resident programs per multiprocessor on a GPU; a handful under the interpreter."""
-    if device.type == "cuda":
-        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
+    """About four resident programs per multiprocessor (a handful under the interpreter)."""
+    return PROGRAMS_PER_SM * sm_count(device)
 
 
 def dot_precision(dtype: torch.dtype, interpret: bool) -> str:
@@ -136,7 +135,7 @@ class _DecodePlanBase:
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.return_lse = return_lse
         self.impl = validate.resolve_impl(impl, self.device, self.op)
-        self.interpret = self.device.type != "cuda"  # Triton on CPU tensors: the interpreter
+        self.interpret = interpreting()  # dot operands upcast to fp32, no fp8 dot
         self.tuning = tuning or DecodeTuning()
         self.sizes: tuple[int, int, int] | None = None
         self.seq_lens: torch.Tensor | None = None

@@ -12,7 +12,8 @@ from typing import Literal
 
 import torch
 
-from kernels._common.validate import interpreting, resolve_impl
+from kernels._common.device import interpreting
+from kernels._common.validate import resolve_impl
 
 OP = "msa_indexer"
 TILE_ROWS = 128  # MMA rows per program: tokens x index heads
