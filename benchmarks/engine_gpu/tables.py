@@ -1,11 +1,5 @@
-"""Markdown tables from the JSON rows of bench_decode.py / bench_msa.py / bench_step.py.
-
-    python benchmarks/engine_gpu/tables.py decode.json msa.json
-"""
+"""Markdown tables from the engine GPU rows (the layout of RESULTS.md)."""
 from __future__ import annotations
-
-import json
-import sys
 
 
 def decode_tables(rows: list[dict]) -> list[str]:
@@ -28,33 +22,14 @@ def decode_tables(rows: list[dict]) -> list[str]:
                 "HF compiled tok/s | ours / HF compiled | HF compile s |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in hf:
-            eager = (f"{r['hf_tok_s']:.1f} | **{r['speedup']:.2f}x**" if "hf_tok_s" in r else "- | -")
+            eager = f"{r['hf_tok_s']:.1f} | **{r['speedup']:.2f}x**" if "hf_tok_s" in r else "- | -"
             comp = (f"{r['hf_compiled_tok_s']:.1f} | **{r['speedup_compiled']:.2f}x** | {r['hf_compile_s']:.1f}"
                     if "hf_compiled_tok_s" in r else f"{r.get('hf_compiled_error', 'not run')} | - | -")
-            unf = f" (fused {r['ours_fused_tok_s']:.1f})" if "ours_fused_tok_s" in r else ""
-            out.append(f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['new']} | {r['ours_tok_s']:.1f}{unf} | "
+            runs = f" ({min(r['ours_runs']):.1f}-{max(r['ours_runs']):.1f})" if len(r["ours_runs"]) > 1 else ""
+            out.append(f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['new']} | {r['ours_tok_s']:.1f}{runs} | "
                        f"{eager} | {comp} |")
         out.append("")
     return out
-
-
-def msa_graph_tables(rows: list[dict]) -> list[str]:
-    """bench_msa_graphs.py: decode tokens/s per mode, MSA graphs against the eager MSA path and dense."""
-    g = [r for r in rows if r["bench"] == "msa_graphs"]
-    if not g:
-        return []
-    by = {(r["model"], r["ctx"], r["batch"], r["mode"]): r for r in g}
-    out = ["| model | context | batch | msa-eager tok/s (before) | msa-plan tok/s (graphs off) | "
-           "msa-graphs tok/s (now) | now / before | dense-graphs tok/s | msa-graphs / dense |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for model, ctx, b in sorted({(r["model"], r["ctx"], r["batch"]) for r in g}):
-        t = {m: by[(model, ctx, b, m)]["tok_s"] for m in ("msa-eager", "msa-plan", "msa-graphs", "dense-graphs")
-             if (model, ctx, b, m) in by}
-        cell = lambda m: f"{t[m]:.0f}" if m in t else "-"  # noqa: E731
-        ratio = lambda a, c: f"**{t[a] / t[c]:.2f}x**" if a in t and c in t else "-"  # noqa: E731
-        out.append(f"| {model} | {ctx} | {b} | {cell('msa-eager')} | {cell('msa-plan')} | {cell('msa-graphs')} | "
-                   f"{ratio('msa-graphs', 'msa-eager')} | {cell('dense-graphs')} | {ratio('msa-graphs', 'dense-graphs')} |")
-    return out + [""]
 
 
 def msa_tables(rows: list[dict]) -> list[str]:
@@ -86,8 +61,27 @@ def msa_tables(rows: list[dict]) -> list[str]:
     return out
 
 
+def msa_graph_tables(rows: list[dict]) -> list[str]:
+    """Decode tokens/s per mode, MSA graphs against the eager MSA path and dense."""
+    g = [r for r in rows if r["bench"] == "msa_graphs"]
+    if not g:
+        return []
+    by = {(r["model"], r["ctx"], r["batch"], r["mode"]): r for r in g}
+    out = ["| model | context | batch | msa-eager tok/s | msa-plan tok/s (graphs off) | "
+           "msa-graphs tok/s | graphs / eager | dense-graphs tok/s | msa-graphs / dense |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for model, ctx, b in sorted({(r["model"], r["ctx"], r["batch"]) for r in g}):
+        t = {m: by[(model, ctx, b, m)]["tok_s"] for m in ("msa-eager", "msa-plan", "msa-graphs", "dense-graphs")
+             if (model, ctx, b, m) in by}
+        cell = lambda m: f"{t[m]:.0f}" if m in t else "-"  # noqa: E731
+        ratio = lambda a, c: f"**{t[a] / t[c]:.2f}x**" if a in t and c in t else "-"  # noqa: E731
+        out.append(f"| {model} | {ctx} | {b} | {cell('msa-eager')} | {cell('msa-plan')} | {cell('msa-graphs')} | "
+                   f"{ratio('msa-graphs', 'msa-eager')} | {cell('dense-graphs')} | {ratio('msa-graphs', 'dense-graphs')} |")
+    return out + [""]
+
+
 def step_tables(rows: list[dict]) -> list[str]:
-    """bench_step.py: decode step wall time, GPU replay time, device ops and the host functions' share."""
+    """Decode step wall time, GPU replay time, device ops and the host functions' share."""
     st = [r for r in rows if r["bench"] == "step"]
     if not st:
         return []
@@ -95,19 +89,11 @@ def step_tables(rows: list[dict]) -> list[str]:
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in st:
         host = ", ".join(f"{k.split('.')[-1]} {v:.3f}" for k, v in r["host_ms"].items() if v >= 0.005)
-        out.append(f"| {r['label']} | {r['mode']} | {r['batch']} | {r['step_ms']:.3f} | {r['tok_s']:.0f} | "
+        out.append(f"| {r.get('label', '')} | {r['mode']} | {r['batch']} | {r['step_ms']:.3f} | {r['tok_s']:.0f} | "
                    f"{r['gpu_replay_ms']:.3f} | {r['device_ops']} | {host} |")
     return out + [""]
 
 
-def main() -> None:
-    lines = []
-    for path in sys.argv[1:]:
-        rows = json.load(open(path))
-        lines += decode_tables(rows) + msa_tables(rows) + msa_graph_tables(rows) + step_tables(rows)
-        lines += [f"error: {r}" for r in rows if r["bench"] == "error"]
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()
+def markdown(rows: list[dict]) -> str:
+    lines = decode_tables(rows) + msa_tables(rows) + msa_graph_tables(rows) + step_tables(rows)
+    return "\n".join(lines + [f"error: {r}" for r in rows if r["bench"] == "error"])

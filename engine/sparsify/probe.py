@@ -1,7 +1,7 @@
 """Needle probe: at given query positions of one sequence, does an indexer select the blocks that
 hold a known span (the needle), and how much dense attention mass does each head put there?
 
-Used to compare indexers without generating (`benchmarks/msa_quality/needle_probe.py`): a
+Used to compare indexers without generating (the needle probe, benchmarks/CHANGELOG.md): a
 retrieval head that reads the needle (mass on the span's own tokens, not the whole block: block 0
 also holds the attention sink) loses it when its KV group's selection misses the needle's
 block, whatever the average mass recall says.

@@ -27,7 +27,7 @@ class NiahTask(Task):
     value_kind: ClassVar[str] = "numbers"  # numbers | uuids
     num_values: ClassVar[int] = 1
     # chat mode: the answer prefix opens the assistant turn (RULER/HELMET place it right
-    # after the generation prompt), see benchmarks/helmet_default/RESULTS.md
+    # after the generation prompt), see benchmarks/CHANGELOG.md
     chat_prefix: ClassVar[ChatPrefix] = "assistant"
 
     def _key(self, rng: random.Random) -> str:

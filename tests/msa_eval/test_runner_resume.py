@@ -48,7 +48,7 @@ def test_records_and_manifest_fields(needle_run):
 def test_dense_single_needle_matches_design(needle_run):
     """design.md: SmolLM2-135M answers a single needle correctly at 1K-7.5K (12/12). With
     RULER's singular wording and the answer prefix continued, dense finds 19/20 at 2K
-    (benchmarks/helmet_default/RESULTS.md); these three are among the found ones."""
+    (benchmarks/quality/RESULTS.md); these three are among the found ones."""
     recs = load_run(needle_run["run_dir"]).records
     assert [r.score for r in recs] == [1.0, 1.0, 1.0], [(r.answers, r.output) for r in recs]
     assert all(r.output.lstrip().startswith(r.answers[0]) for r in recs)  # the value right after the prefix

@@ -1,0 +1,1 @@
+"""`python -m benchmarks.agents.run --preset NAME` (see run.py)."""

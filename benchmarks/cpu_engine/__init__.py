@@ -1,0 +1,1 @@
+"""`python -m benchmarks.cpu_engine.run --preset NAME` (see run.py)."""

@@ -1,0 +1,1 @@
+"""`python -m benchmarks.engine_gpu.run --preset NAME` (see run.py)."""

@@ -1,0 +1,1 @@
+"""`python -m benchmarks.quality.run --preset NAME` (see run.py)."""

@@ -1,0 +1,82 @@
+"""Quality of MSA on the default model: needles MSA vs dense paired per sample (dev / test splits),
+and the rows measured through `msa-eval run helmet` itself (dense needle rows, the main job's time).
+
+    python -m benchmarks.quality.run --preset needles [--setting NAME=ADAPTER_DIR[@b64k8]] [--json OUT]
+
+The needle presets generate on the GPU when there is one (`LLM`'s default device: bf16 on CUDA);
+the runner presets run the CLI on this machine. Settings: see benchmarks/quality/needles.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from benchmarks.cli import env_row, parser, run_sections
+from benchmarks.quality import needles, runner_rows
+from benchmarks.quality.needles import Needles
+from benchmarks.quality.runner_rows import RunnerRun
+
+
+@dataclass(frozen=True)
+class Preset:
+    doc: str
+    needles: Needles | None = None
+    runs: tuple[RunnerRun, ...] = ()
+    pick: bool = False  # print the best non-dense setting (dev split)
+
+
+def dense(tasks: str, lengths: str, samples: int) -> RunnerRun:
+    return RunnerRun(("--attention", "dense", "--tasks", tasks, "--lengths", lengths, "--samples", str(samples)))
+
+
+PRESETS: dict[str, Preset] = {
+    "needles": Preset("the README's needle rows: test split (seed 42), 100 per cell, dense vs the shipped indexer, "
+                      "8K recall", Needles(("dense", "msa"))),
+    "needles-dev": Preset("dev split (seed 7), 50 per cell: dense and the shipped indexer with more dense layers; "
+                          "picks the best", Needles(("dense", "max-d7=+", "max-d7-20=+20", "max-d7-20-23=+20,23"),
+                                                    n=50, seed=7, recall=0), pick=True),
+    "dense-runner": Preset("dense single needle through the runner on this machine (CPU: hours)",
+                           runs=(dense("niah_single", "2k,4k", 20), dense("niah_single", "8k", 20),
+                                 dense("niah_single_noise", "8k", 20),
+                                 dense("niah_single,niah_single_noise", "7.5k", 12))),
+    "main-job": Preset("times `make run` (msa-eval run helmet --backend local): wall, CPU, RSS, load",
+                       runs=(RunnerRun(timed=True),)),
+    "ci": Preset("tiny: one single-needle sample at 512 tokens, dense vs msa (CPU, about a minute)",
+                 Needles(("dense", "msa"), n=1, lengths=(512,), tasks=("niah_single",), recall=0, max_seqs=1)),
+}
+
+
+def markdown(rows: list[dict], p: Preset) -> str:
+    lines = needles.markdown(rows) + runner_rows.markdown(rows)
+    if p.pick and p.needles:
+        among = [s.split("=", 1)[0] for s in p.needles.settings if s != "dense"]
+        lines += ["", f"best on this split (summed accuracy, first listed wins ties): "
+                      f"**{needles.best_setting(needles.cells(rows), among)}**"]
+    return "\n".join(lines + [f"error: {r}" for r in rows if r["bench"] == "error"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser("python -m benchmarks.quality.run", __doc__, PRESETS)
+    ap.add_argument("--setting", action="append", default=[], metavar="SPEC",
+                    help="one more needle setting (repeatable), e.g. twin=DIR@b64k8")
+    args = ap.parse_args(argv)
+    p = PRESETS[args.preset]
+    if args.setting:
+        if p.needles is None:
+            ap.error(f"--setting needs a needle preset, not {args.preset}")
+        p = dataclasses.replace(p, needles=dataclasses.replace(p.needles, settings=p.needles.settings
+                                                               + tuple(args.setting)))
+    rows: list[dict] = [env_row(args.preset, ("triton",), needles=dataclasses.asdict(p.needles) if p.needles else None)]
+    sections = [("needles", lambda: needles.run(p.needles))] if p.needles else []
+    sections += [(f"runner {' '.join(r.args)}", lambda r=r: runner_rows.run_helmet(r)) for r in p.runs]
+    run_sections(sections, rows, args.json)
+    rows_with_cells = rows + needles.cells(rows)
+    if args.json:
+        from msa_common.atomic import atomic_write_json
+
+        atomic_write_json(args.json, rows_with_cells, indent=1)
+    print(markdown(rows, p))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""`python -m benchmarks.serve.run --preset NAME` (see run.py)."""
