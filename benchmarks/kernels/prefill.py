@@ -136,6 +136,8 @@ def _tflops(flops: float, ms: float) -> float:
 
 
 def _label(t: int) -> str:
+    if t >= 1 << 20 and t % (1 << 20) == 0:
+        return f"{t >> 20}M"
     return f"{t // 1024}K" if t >= 1024 else str(t)
 
 
