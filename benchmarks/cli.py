@@ -29,9 +29,10 @@ def parser(prog: str, doc: str, presets: Mapping[str, Any]) -> argparse.Argument
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             check=False)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+                               text=True, timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (out.stdout.strip() + ("+dirty" if dirty else "")) or None
@@ -39,9 +40,10 @@ def git_commit() -> str | None:
 
 def cpu_name() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or platform.machine()

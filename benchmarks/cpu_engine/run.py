@@ -81,7 +81,7 @@ def our_job(llm, metric: str, p: Preset) -> Job:
     def decode() -> float:
         eng = llm.engine
         ids = [f"bench-{time.perf_counter_ns()}-{i}" for i in range(b)]
-        seqs = [eng.add_request(r, q, dec) for r, q in zip(ids, batch)]
+        seqs = [eng.add_request(r, q, dec) for r, q in zip(ids, batch, strict=True)]
         while any(not s.output_ids for s in seqs):  # prefill steps, up to every request's first token
             eng.step()
         t = time.perf_counter()

@@ -10,8 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.engine_gpu.stacks import (copy_bandwidth, fake_prefill, free, kv_bytes_per_token, random_prompt,
-                                          stack_engine, sync, timed_steps, weight_bytes_per_token)
+from benchmarks.engine_gpu.stacks import (
+    copy_bandwidth,
+    fake_prefill,
+    free,
+    kv_bytes_per_token,
+    random_prompt,
+    stack_engine,
+    sync,
+    timed_steps,
+    weight_bytes_per_token,
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ def hf_decode(hf, batch: int, prompt: int, new: int, vocab: int, compiled: bool 
     static shapes. Returns (tokens/s of each of `repeats` timings, compile seconds: first warm-up minus
     a warm run; None eager)."""
     ids = torch.tensor([random_prompt(prompt, vocab, i) for i in range(batch)], device=hf.device)
-    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    kw: dict = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     if compiled:
         kw["cache_implementation"] = "static"
 
@@ -116,7 +125,7 @@ def hf_from_config(cfg, weights=None, device: str = "cuda"):
     with torch.device(device):
         m = transformers.LlamaForCausalLM(hc).to(torch.bfloat16)
     if weights is not None:
-        missing, unexpected = m.load_state_dict({k: v for k, v in weights.items() if k in m.state_dict()}, strict=False)
+        missing, _ = m.load_state_dict({k: v for k, v in weights.items() if k in m.state_dict()}, strict=False)
         assert not [k for k in missing if "lm_head" not in k], missing
     return m.eval()
 

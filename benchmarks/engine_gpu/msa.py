@@ -9,7 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.engine_gpu.stacks import fake_prefill, free, peak_gib, random_prompt, stack_engine, sync, timed_steps
+from benchmarks.engine_gpu.stacks import (
+    fake_prefill,
+    free,
+    peak_gib,
+    random_prompt,
+    stack_engine,
+    sync,
+    timed_steps,
+)
 
 
 def ttft(eng, n: int, seed: int) -> float:

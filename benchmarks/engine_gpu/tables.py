@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 
+def _cell(row: dict | None, key: str, fmt: str) -> str:
+    return format(row[key], fmt) if row else "-"
+
+
 def decode_tables(rows: list[dict]) -> list[str]:
     out = []
     bw = next((r["bytes_per_s"] for r in rows if r["bench"] == "copy_bandwidth"), None)
@@ -10,16 +14,16 @@ def decode_tables(rows: list[dict]) -> list[str]:
                    f"**{bw / 1e12:.2f} TB/s**.\n")
     roof = [r for r in rows if r["bench"] == "roofline"]
     if roof:
-        out += ["| shape | batch | context | CUDA graphs | step ms | tokens/s | bytes/token (GB) | roofline tokens/s "
-                "| fraction of roofline |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [("| shape | batch | context | CUDA graphs | step ms | tokens/s | bytes/token (GB) | roofline tokens/s "
+                "| fraction of roofline |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         out += [f"| {r['shape']} | {r['batch']} | {r['ctx']} | {'on' if r['graphs'] else 'off'} | {r['step_ms']:.2f} | "
                 f"{r['tok_s']:.1f} | {r['bytes_per_token'] / 1e9:.2f} | {r['roofline_tok_s']:.1f} | "
                 f"**{r['frac_roofline']:.1%}** |" for r in roof]
         out.append("")
     hf = [r for r in rows if r["bench"] == "vs_hf"]
     if hf:
-        out += ["| model | batch | prompt | new tokens | ours decode tok/s | HF default tok/s | ours / HF default | "
-                "HF compiled tok/s | ours / HF compiled | HF compile s |",
+        out += [("| model | batch | prompt | new tokens | ours decode tok/s | HF default tok/s | ours / HF default | "
+                "HF compiled tok/s | ours / HF compiled | HF compile s |"),
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in hf:
             eager = f"{r['hf_tok_s']:.1f} | **{r['speedup']:.2f}x**" if "hf_tok_s" in r else "- | -"
@@ -37,26 +41,26 @@ def msa_tables(rows: list[dict]) -> list[str]:
     pre = [r for r in rows if r["bench"] == "prefill"]
     if pre:
         by = {(r["attention"], r["ctx"]): r for r in pre}
-        out += ["| context | layers | MSA chunk | dense chunk | MSA TTFT s | dense TTFT s | dense / MSA | MSA peak GiB "
-                "| dense peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [("| context | layers | MSA chunk | dense chunk | MSA TTFT s | dense TTFT s | dense / MSA "
+                 "| MSA peak GiB | dense peak GiB |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for ctx in sorted({r["ctx"] for r in pre}):
             m, d = by.get(("msa", ctx)), by.get(("dense", ctx))
-            f = lambda r, k, fmt: format(r[k], fmt) if r else "-"  # noqa: E731
             ratio = f"**{d['ttft_s'] / m['ttft_s']:.1f}x**" if m and d else "-"
-            out.append(f"| {ctx} | {(m or d)['layers']} | {f(m, 'chunk', 'd')} | {f(d, 'chunk', 'd')} | "
-                       f"{f(m, 'ttft_s', '.3f')} | {f(d, 'ttft_s', '.3f')} | {ratio} | {f(m, 'peak_gib', '.1f')} | "
-                       f"{f(d, 'peak_gib', '.1f')} |")
+            out.append(f"| {ctx} | {(m or d)['layers']} | {_cell(m, 'chunk', 'd')} | {_cell(d, 'chunk', 'd')} | "
+                       f"{_cell(m, 'ttft_s', '.3f')} | {_cell(d, 'ttft_s', '.3f')} | {ratio} | "
+                       f"{_cell(m, 'peak_gib', '.1f')} | {_cell(d, 'peak_gib', '.1f')} |")
         out.append("")
     dec = [r for r in rows if r["bench"] == "decode"]
     if dec:
         by = {(r["attention"], r["ctx"], r["batch"]): r for r in dec}
-        out += ["| context | batch | MSA tok/s | dense tok/s | MSA / dense | MSA step ms | dense step ms | "
-                "MSA peak GiB | dense peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [("| context | batch | MSA tok/s | dense tok/s | MSA / dense | MSA step ms | dense step ms | "
+                "MSA peak GiB | dense peak GiB |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for ctx, b in sorted({(r["ctx"], r["batch"]) for r in dec}):
             m, d = by.get(("msa", ctx, b)), by.get(("dense", ctx, b))
             if m and d:
-                out.append(f"| {ctx} | {b} | {m['tok_s']:.0f} | {d['tok_s']:.0f} | **{m['tok_s'] / d['tok_s']:.1f}x** | "
-                           f"{m['step_ms']:.2f} | {d['step_ms']:.2f} | {m['peak_gib']:.1f} | {d['peak_gib']:.1f} |")
+                out.append(f"| {ctx} | {b} | {m['tok_s']:.0f} | {d['tok_s']:.0f} | "
+                           f"**{m['tok_s'] / d['tok_s']:.1f}x** | {m['step_ms']:.2f} | {d['step_ms']:.2f} | "
+                           f"{m['peak_gib']:.1f} | {d['peak_gib']:.1f} |")
         out.append("")
     return out
 
@@ -67,16 +71,17 @@ def msa_graph_tables(rows: list[dict]) -> list[str]:
     if not g:
         return []
     by = {(r["model"], r["ctx"], r["batch"], r["mode"]): r for r in g}
-    out = ["| model | context | batch | msa-eager tok/s | msa-plan tok/s (graphs off) | "
-           "msa-graphs tok/s | graphs / eager | dense-graphs tok/s | msa-graphs / dense |",
+    out = [("| model | context | batch | msa-eager tok/s | msa-plan tok/s (graphs off) | "
+           "msa-graphs tok/s | graphs / eager | dense-graphs tok/s | msa-graphs / dense |"),
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, ctx, b in sorted({(r["model"], r["ctx"], r["batch"]) for r in g}):
         t = {m: by[(model, ctx, b, m)]["tok_s"] for m in ("msa-eager", "msa-plan", "msa-graphs", "dense-graphs")
              if (model, ctx, b, m) in by}
-        cell = lambda m: f"{t[m]:.0f}" if m in t else "-"  # noqa: E731
-        ratio = lambda a, c: f"**{t[a] / t[c]:.2f}x**" if a in t and c in t else "-"  # noqa: E731
-        out.append(f"| {model} | {ctx} | {b} | {cell('msa-eager')} | {cell('msa-plan')} | {cell('msa-graphs')} | "
-                   f"{ratio('msa-graphs', 'msa-eager')} | {cell('dense-graphs')} | {ratio('msa-graphs', 'dense-graphs')} |")
+        cells = [f"{t[m]:.0f}" if m in t else "-" for m in ("msa-eager", "msa-plan", "msa-graphs", "dense-graphs")]
+        ratios = [f"**{t['msa-graphs'] / t[c]:.2f}x**" if "msa-graphs" in t and c in t else "-"
+                  for c in ("msa-eager", "dense-graphs")]
+        out.append(f"| {model} | {ctx} | {b} | {cells[0]} | {cells[1]} | {cells[2]} | {ratios[0]} | {cells[3]} | "
+                   f"{ratios[1]} |")
     return out + [""]
 
 
@@ -85,8 +90,8 @@ def step_tables(rows: list[dict]) -> list[str]:
     st = [r for r in rows if r["bench"] == "step"]
     if not st:
         return []
-    out = ["| engine | mode | batch | step ms | decode tok/s | GPU replay ms | device ops/step | host ms/step by function |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [("| engine | mode | batch | step ms | decode tok/s | GPU replay ms | device ops/step "
+           "| host ms/step by function |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in st:
         host = ", ".join(f"{k.split('.')[-1]} {v:.3f}" for k, v in r["host_ms"].items() if v >= 0.005)
         out.append(f"| {r.get('label', '')} | {r['mode']} | {r['batch']} | {r['step_ms']:.3f} | {r['tok_s']:.0f} | "

@@ -120,9 +120,9 @@ def recall_by_layer(model: str, over: dict, rows: list[dict]) -> dict[int, float
 def run(cfg: Needles) -> list[dict]:
     """Rows: one `needle` row per (setting, sample), one `needle_wall` per setting, `recall` per
     (MSA setting, layer)."""
-    from tasks.metrics import ruler_recall
-
     import torch
+
+    from tasks.metrics import ruler_recall
 
     data = samples(cfg)
     out: list[dict] = []
@@ -135,7 +135,7 @@ def run(cfg: Needles) -> list[dict]:
             out += [{"bench": "needle", "setting": name, "id": r["id"], "task": r["task"], "length": r["length"],
                      "depth": r["depth"], "answers": r["answers"], "output": o.text,
                      "prompt_tokens": len(o.prompt_token_ids), "density": o.metrics.get("attention_density"),
-                     "score": ruler_recall(o.text, r["answers"])} for r, o in zip(data, outs)]
+                     "score": ruler_recall(o.text, r["answers"])} for r, o in zip(data, outs, strict=True)]
             if cfg.recall and attention != "dense":
                 probe = [r for r in data if r["task"] == "niah_single" and r["length"] == max(cfg.lengths)]
                 probe = probe[: cfg.recall]
@@ -191,7 +191,7 @@ def markdown(rows: list[dict]) -> list[str]:
     sparse = [s for s in settings if s != "dense"]
     by = {(c["task"], c["length"], c["setting"]): c for c in cs}
     keys = sorted({(c["task"], c["length"]) for c in cs})
-    fmt = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
+    fmt = lambda v, f: format(v, f) if v is not None else "-"
     out = ["| task | length | n | " + " | ".join(f"{s} acc" for s in settings) + " | "
            + " | ".join(f"{s} - dense" for s in sparse) + " | " + " | ".join(f"{s} density" for s in sparse) + " |",
            "|" + " --- |" * (3 + len(settings) + 2 * len(sparse))]

@@ -50,8 +50,8 @@ def markdown(rows: list[dict], p: Preset) -> str:
     lines = needles.markdown(rows) + runner_rows.markdown(rows)
     if p.pick and p.needles:
         among = [s.split("=", 1)[0] for s in p.needles.settings if s != "dense"]
-        lines += ["", f"best on this split (summed accuracy, first listed wins ties): "
-                      f"**{needles.best_setting(needles.cells(rows), among)}**"]
+        best = needles.best_setting(needles.cells(rows), among)
+        lines += ["", f"best on this split (summed accuracy, first listed wins ties): **{best}**"]
     return "\n".join(lines + [f"error: {r}" for r in rows if r["bench"] == "error"])
 
 

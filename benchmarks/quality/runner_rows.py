@@ -35,7 +35,7 @@ def run_helmet(run: RunnerRun) -> list[dict]:
     print("running:", " ".join(["msa-eval", *cmd[len(msa_eval()):]]), flush=True)
     load0, before = os.getloadavg()[0], resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, check=False)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
