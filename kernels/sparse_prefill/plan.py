@@ -8,7 +8,7 @@ in ``benchmarks/kernels/RESULTS.md``, what lost in ``benchmarks/kernels/CHANGELO
 
 | where | tile kernel | rare pass |
 | --- | --- | --- |
-| sm_90 + Gluon, ``tile_q x G = 128``, contiguous caches | Gluon (``gluon_tile.py``) | items (G 8 / 16, contiguous q) or token |
+| sm_90 + Gluon, ``tile_q x G = 128``, contiguous caches | Gluon (``gluon_tile.py``) | items (G 8 or 16) or token |
 | any other CUDA GPU or shape, or the interpreter | Triton (``triton_sparse_attention._tile_kernel``) | token |
 | ``design="token"`` | per-token kernel, no unions | - |
 | ``impl="torch"`` | ``naive.py`` | - |
