@@ -1,41 +1,32 @@
 """`LLM`: the offline API. Load a model (built-in name, HF directory or .gguf), pick the
-attention (`dense`, `msa`, `msa-ref`) and, on a CPU, the weight mode (`weights`: "fp32" exact,
-the default; "bf16"; "q4" = the GGUF's 4-bit codes; `engine.cpu_weights`), and `generate` for
-prompts, chats or token ids; `prompt_logprobs` scores token ids (a score-only engine request).
-A request the engine ended with an error raises that error from `generate` (the other requests
-of the call are aborted: the offline caller owns them all)."""
+attention (`engine.attention.AttentionKind`: `dense`, `msa`, `msa-ref`) and, on a CPU, the weight
+mode (`weights`: "fp32" exact, the default; "bf16"; "q4" = the GGUF's 4-bit codes;
+`engine.cpu_weights`). `generate` for prompts, chats or token ids; `stream` + `finish` for one
+request step by step; `prompt_logprobs` scores token ids (a score-only engine request).
+A request the engine ended with an error raises that error from `generate` / `finish` (the other
+requests of a `generate` call are aborted: the offline caller owns them all).
+Settings come in as arguments: the CLI and the server config read the environment, never this class."""
 from __future__ import annotations
 
+import contextlib
 import itertools
-import os
-from dataclasses import dataclass, field
-from typing import Any, Sequence as Seq
+from typing import Any, Iterator, Sequence as Seq
 
 import torch
 
-from engine.attention import ATTENTION_KINDS, DenseAttention
+from engine.attention import AttentionKind, check_kind, make_attention, uses_indexer
 from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
 from engine.errors import EngineError
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
 from engine.llm_engine import LLMEngine
 from engine.loader import load
 from engine.model import CausalLM
+from engine.requests import Request, RequestOutput, StepOutput
 from engine.sampling import SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.scoring import LogprobRow
-from engine.sequence import Sequence
 
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    logprobs: list[LogprobRow] | None = None  # per generated token (SamplingParams.logprobs)
-    prompt_logprobs: list[LogprobRow] | None = None  # per prompt token, the first (None, {}) (prompt_logprobs)
+DEFAULT_PAGE_SIZE = 128
 
 
 def default_device() -> torch.device:
@@ -43,23 +34,23 @@ def default_device() -> torch.device:
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", attention: str = "dense", device: str | None = None,
+    def __init__(self, model: str = "smollm2-135m", attention: AttentionKind = "dense", device: str | None = None,
                  dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None,
                  page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
-                 cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None):
-        if attention not in ATTENTION_KINDS:
-            raise EngineError(f"unknown attention '{attention}': use one of {', '.join(ATTENTION_KINDS)}")
+                 cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None,
+                 dequant_cache: bool = True):
+        attention = check_kind(attention)
         if weights is not None and weights not in WEIGHT_MODES:  # fail before loading anything
             raise EngineError(f"unknown weights mode {weights!r}: use one of {', '.join(WEIGHT_MODES)}")
         self.device = torch.device(device) if device else default_device()
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        from engine.msa_setup import split_model_adapter
+        from engine.msa.setup import split_model_adapter
 
         model, self.msa_adapter_path = split_model_adapter(model)  # `BASE+ADAPTER_DIR` for MSA
-        loaded = load(model, progress=progress)
+        loaded = load(model, progress=progress, dequant_cache=dequant_cache)
         self.model_id, self.model_path, self.config = loaded.model_id, loaded.path, loaded.config
         self.model_sha256 = loaded.sha256
         self.tokenizer = loaded.tokenizer
@@ -70,10 +61,20 @@ class LLM:
         self.model.to(device=self.device, dtype=self.dtype)
         self.model.setup_rope(self.device)
         self.weights, self.weight_counts = self._attach_weights(weights, loaded)
-        self.msa = None
-        attn, index_layers, index_dim, B = self._make_attention(attention, loaded, page_size, msa_overrides)
+        self.msa = self.msa_adapter = indexer = None
+        overrides = msa_overrides or {}
+        if uses_indexer(attention):
+            from engine.msa.setup import load_indexer
+
+            indexer, self.msa_adapter = load_indexer(self.model_id, self.msa_adapter_path, self.config,
+                                                     loaded.weights, self.device, self.dtype, page_size, overrides)
+            self.msa = indexer.config
         del loaded
-        tokens = kv_cache_tokens or int(os.environ.get("MSA_EVAL_KV_TOKENS", 0))
+        attn = make_attention(attention, self.device, self.config, indexer,
+                              track_recall=bool(overrides.get("track_recall", False)))
+        index_layers, index_dim = (indexer.layers, indexer.config.d_idx) if indexer else ((), 0)
+        B = indexer.config.block_size if indexer else page_size or DEFAULT_PAGE_SIZE
+        tokens = kv_cache_tokens
         if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
             per_token = bytes_per_token(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
                                         self.dtype, index_dim, len(index_layers))
@@ -83,7 +84,7 @@ class LLM:
                                   f"{self.max_model_len}: lower max_model_len or free GPU memory")
         tokens = tokens or max(2 * self.max_model_len, 32768)
         # CPU reduced-precision weight modes keep dense K/V in bf16: half the bytes every decode step reads
-        self.kv_dtype = torch.bfloat16 if self.weights != "fp32" and attention == "dense" else self.dtype
+        self.kv_dtype = torch.bfloat16 if self.weights != "fp32" and not uses_indexer(attention) else self.dtype
         cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype)
         self.cache = KVCache(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
@@ -93,10 +94,8 @@ class LLM:
         self._ids = itertools.count()
 
     def _attach_weights(self, weights: str | None, loaded) -> tuple[str, dict[str, int]]:
-        """CPU weight mode (`engine.cpu_weights`): `weights`, else $MSA_EVAL_WEIGHTS on a CPU, else "fp32"."""
-        mode = weights or (os.environ.get("MSA_EVAL_WEIGHTS") if self.device.type == "cpu" else None) or "fp32"
-        if mode not in WEIGHT_MODES:
-            raise EngineError(f"unknown weights mode {mode!r}: use one of {', '.join(WEIGHT_MODES)}")
+        """CPU weight mode (`engine.cpu_weights`): `weights`, else "fp32"."""
+        mode = weights or "fp32"
         if mode == "fp32":  # the model's own weights, untouched (exact; GPUs always)
             return mode, {}
         if self.device.type != "cpu":
@@ -110,14 +109,6 @@ class LLM:
             q4 = read_q4_blocks(loaded.path, self.config)
         return mode, attach_cpu_weights(self.model, mode, q4)
 
-    def _make_attention(self, attention: str, loaded, page_size: int | None, msa_overrides: dict | None):
-        scale = self.config.head_dim ** -0.5
-        if attention == "dense":
-            return DenseAttention(scale), (), 0, page_size or 128
-        from engine.msa_setup import make_msa_attention  # arrives with MSA-in-the-engine
-
-        return make_msa_attention(self, attention, loaded, page_size, msa_overrides or {})
-
     # -- generation -----------------------------------------------------------------------
     def _to_ids(self, p: Any) -> list[int]:
         if isinstance(p, str):
@@ -128,6 +119,18 @@ class LLM:
             return list(p)
         raise ValueError("a prompt must be a string, a chat (list of {'role','content'} dicts) or token ids")
 
+    def _request(self, prompt: Any, params: SamplingParams) -> Request:
+        return Request(f"gen-{next(self._ids)}", self._to_ids(prompt), params)
+
+    def stream(self, prompt: Any, params: SamplingParams | None = None) -> Iterator[StepOutput]:
+        """One request (text, chat or token ids), step by step: its outputs as the engine makes them; the
+        last is finished (then `finish(out.request_id)`). Stopping early aborts the request."""
+        return self.engine.stream([self._request(prompt, params or SamplingParams())])
+
+    def finish(self, request_id: str) -> RequestOutput:
+        """A finished request's result (text cut before a stop string, metrics); raises its error."""
+        return self.engine.finish(request_id)
+
     def generate(self, prompts: Any, params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], (dict, int))):
@@ -136,42 +139,23 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
-        ids = [f"gen-{next(self._ids)}" for _ in prompts]
-        seqs = [self.engine.add_request(i, self._to_ids(p), sp) for i, p, sp in zip(ids, prompts, plist)]
+        requests = [self._request(p, sp) for p, sp in zip(prompts, plist)]
         bar = None
         if use_tqdm:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(seqs), desc="generate", unit="req")
+            bar = tqdm(total=len(requests), desc="generate", unit="req")
         try:
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
+            with contextlib.closing(self.engine.stream(requests)) as outs:  # closing aborts the unfinished
+                for out in outs:
                     if out.error is not None:
-                        raise self.engine.pop_finished(out.request_id).error
+                        self.finish(out.request_id)  # raises the request's error
                     if out.finished and bar is not None:
                         bar.update(1)
-        except BaseException:
-            for i in ids:
-                self.engine.abort(i)
-            raise
         finally:
             if bar is not None:
                 bar.close()
-        done = [self.engine.pop_finished(s.request_id) for s in seqs]
-        return [self._output(s) for s in done]
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        """A finished request's output; one the engine ended with an error raises that error."""
-        if seq.error is not None:
-            raise seq.error
-        text = self.tokenizer.decode(seq.output_ids)
-        for s in seq.params.stop:
-            cut = text.find(s)
-            if cut >= 0:
-                text = text[:cut]
-        return RequestOutput(seq.request_id, seq.prompt_ids, list(seq.output_ids), text, seq.finish_reason,
-                             seq.metrics(), logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None
-                             else None, prompt_logprobs=seq.prompt_logprobs)
+        return [self.finish(r.request_id) for r in requests]
 
     def prompt_logprobs(self, token_ids: list[int], top_n: int = 0) -> list[LogprobRow]:
         """log p(t_i | t_<i) for every token (None for the first) and the top_n alternatives: one score-only

@@ -1,4 +1,4 @@
-"""The step loop: schedule -> pack -> forward -> sample -> stop checks.
+"""The step loop: schedule -> pack -> forward (`engine.forward`) -> sample -> stop checks (`engine.stops`).
 
 On a GPU, decode steps replay CUDA graphs (`engine.gpu.graph_runner`) when the attention is
 capturable and `cuda_graphs` is on; everything else (prefill chunks, mixed steps, graphs off)
@@ -14,46 +14,36 @@ requests of that step only, and the engine keeps serving the others and new ones
 Scoring (`SamplingParams.prompt_logprobs`) rides on the request's own prefill chunks
 (`engine.scoring`); such chunks always run eagerly, never as graph rows.
 
-`LLMEngine` is single-threaded; the offline `LLM.generate` and the HTTP server both drive it
-through `add_request` / `step` / `abort`.
+`LLMEngine` is single-threaded. The drive API: `add_request` / `step` / `abort`, `stream(requests)`
+(the one loop: add, step until they finish, abort the rest if the caller stops early) and
+`finish(request_id) -> RequestOutput`. `LLM.generate`, the local backend and `msa-eval generate` use
+`stream`; the HTTP server's engine thread interleaves its commands with `step` and calls `finish`.
 """
 from __future__ import annotations
 
-import itertools
-import os
 import time
-from dataclasses import dataclass
+from typing import Collection, Iterable, Iterator
 
 import torch
 
-from engine.attention.dense import DenseAttention
 from engine.attention.meta import AttentionMeta, DecodeShapes
-from engine.errors import ContextTooLongError
+from engine.forward import StepForward
 from engine.kv_cache import BlockManager, KVCache
 from engine.model import CausalLM
-from engine.packing import chunk_tokens, pack_chunks
+from engine.requests import (Request, RequestOutput, StepOutput, check_length, check_prompt, error_output,
+                             request_output, step_output)
 from engine.sampling import SamplingParams
-from engine.scoring import LogprobRow, add_prompt_rows, add_token_rows
+from engine.scoring import add_prompt_rows, add_token_rows
 from engine.gpu.async_decode import (DecodeRow, EagerDecodeLauncher, InflightDecode, follow_up_rows,
                                      is_greedy_decode)
 from engine.gpu.sampler import sample_requests
 from engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
 from engine.sequence import Sequence
+from engine.stops import check_stop
 from engine.tokenizer import Tokenizer
 
 
-@dataclass
-class StepOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
-    error: str | None = None  # with finish_reason "error": what went wrong, one line
-    logprobs: list[LogprobRow] | None = None  # the new tokens' rows (params.logprobs)
-    prompt_logprobs: list[LogprobRow] | None = None  # on the request's first output (params.prompt_logprobs)
-
-
-class LLMEngine:
+class LLMEngine(StepForward):
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, attention, cache: KVCache,
                  sched_cfg: SchedulerConfig, max_model_len: int, device: torch.device, cuda_graphs: bool = True):
         self.model, self.tokenizer, self.attention, self.cache = model, tokenizer, attention, cache
@@ -61,14 +51,9 @@ class LLMEngine:
         cfg = model.cfg
         self.shapes = DecodeShapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.page_size, cache.cfg.dtype,
                                    device)
-        # CUDA graphs for decode when on a GPU and the attention promises capturable layer calls
-        self.use_cuda_graphs = bool(cuda_graphs and device.type == "cuda"
-                                    and getattr(attention, "supports_cuda_graphs", False))
+        # CUDA graphs for decode when the attention promises capturable layer calls (its GPU classes do)
+        self.use_cuda_graphs = bool(cuda_graphs and getattr(attention, "supports_cuda_graphs", False))
         self.graph_runner = None
-        if device.type == "cuda" and os.environ.get("MSA_EVAL_FUSED_DECODE") == "1":  # opt-in: measured slower
-            from engine.gpu.fused_decode import attach
-
-            attach(model)
         # one-step-late greedy decode (GPU graphs); tests set it on a CPU engine (EagerDecodeLauncher)
         self.async_decode = self.use_cuda_graphs
         self._inflight: InflightDecode | None = None
@@ -78,23 +63,16 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
 
     # -- requests -------------------------------------------------------------------------
+    def check_length(self, n: int, params: SamplingParams) -> None:
+        """ContextTooLongError when a prompt of `n` tokens (plus one generated token, if any) exceeds the context."""
+        check_length(n, params, self.max_model_len)
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Sequence:
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("empty prompt: give at least one token")
-        vocab = self.model.cfg.vocab_size
-        if not 0 <= min(prompt_token_ids) <= max(prompt_token_ids) < vocab:  # else the shared forward fails
-            raise ValueError(f"prompt token ids must lie in 0..{vocab - 1}, got {min(prompt_token_ids)}.."
-                             f"{max(prompt_token_ids)}: encode the prompt with this model's tokenizer")
-        if n + (params.max_tokens > 0) > self.max_model_len:
-            room = " (room for at least one generated token is needed)" if params.max_tokens else ""
-            raise ContextTooLongError(
-                f"prompt has {n} tokens but the model's context is {self.max_model_len}{room}: shorten the prompt",
-                limit=self.max_model_len, length=n)
+        check_prompt(prompt_token_ids, params, self.model.cfg.vocab_size, self.max_model_len)
         if request_id in self.seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, list(prompt_token_ids), params,
-                       max_len=min(n + params.max_tokens, self.max_model_len))
+                       max_len=min(len(prompt_token_ids) + params.max_tokens, self.max_model_len))
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return seq
@@ -109,75 +87,35 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def pop_finished(self, request_id: str) -> Sequence:
+        """Remove a finished request and return its state (KeyError when it is not held)."""
         return self.seqs.pop(request_id)
 
-    # -- one step -------------------------------------------------------------------------
-    _tokens = staticmethod(chunk_tokens)
+    def finish(self, request_id: str) -> RequestOutput:
+        """Remove a finished request and return its result (raises the error the engine ended it with)."""
+        return request_output(self.pop_finished(request_id), self.tokenizer)
 
-    def _pack(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor, AttentionMeta]:
-        """Token ids (or the given `input_ids` `[T]`), positions and attention metadata (`engine.packing`)."""
-        return pack_chunks(chunks, self.blocks, self.device, input_ids)
+    def stream(self, requests: Iterable[Request]) -> Iterator[StepOutput]:
+        """The drive loop: add `requests`, step until every one of them has finished, and yield each step's
+        outputs (a request that failed yields its error output: `finish` raises the error). The requests
+        stay held for `finish`. If the caller stops early (or adding one fails), those not finished
+        are aborted."""
+        ids: list[str] = []
+        try:
+            for request_id, prompt_token_ids, params in requests:
+                self.add_request(request_id, prompt_token_ids, params)
+                ids.append(request_id)
+            while self._unfinished(ids):
+                yield from self.step()
+        finally:
+            for i in ids:
+                seq = self.seqs.get(i)
+                if seq is not None and not seq.finished:
+                    self.abort(i)
 
-    def _graph_rows(self, rows: list[DecodeRow]) -> tuple[list[tuple[int, int, int, int, int]], list[list[int]]]:
-        """(src_row, token, position, slot page, slot offset) and the page ids of each decode row."""
-        B, spec, tables = self.cache.page_size, [], []
-        for r in rows:
-            table = self.blocks.tables[r.seq.request_id]
-            tok = self._tokens(r.seq, r.position, r.position + 1)[0] if r.src_row < 0 else 0
-            spec.append((r.src_row, tok, r.position, table[r.position // B], r.position % B))
-            tables.append(table)
-        return spec, tables
+    def _unfinished(self, ids: Collection[str]) -> bool:
+        return self.has_unfinished() and any(not self.seqs[i].finished for i in ids if i in self.seqs)
 
-    def _forward_logits(self, chunks: list[ScheduledChunk]
-                        ) -> tuple[torch.Tensor | None, AttentionMeta, torch.Tensor | None]:
-        """Logits fp32 of the rows that sample (`[n_sampling_chunks, vocab]`), the step's metadata, and the
-        logits of the scored prompt rows (`[sum of scored_rows, vocab]`, chunk order; None when none score)."""
-        sampling = [i for i, c in enumerate(chunks) if c.samples]
-        if self._graphs_usable(chunks):
-            logits, meta = self.graph_runner.run(*self._graph_rows([DecodeRow(c.seq, c.start) for c in chunks]))
-            return (logits[sampling] if len(sampling) < len(chunks) else logits), meta, None
-        if not any(c.scored_rows for c in chunks):
-            return (*self._eager_logits(chunks), None)
-        h, meta = self._eager_hidden(chunks)
-        ends = list(itertools.accumulate(meta.q_lens))
-        rows = [ends[i] - 1 for i in sampling]
-        scored = [ends[i] - c.length + j for i, c in enumerate(chunks) for j in range(c.scored_rows)]
-        logits = self.model.logits(h[rows + scored])  # one lm_head call for both kinds of rows
-        return (logits[:len(rows)] if rows else None), meta, logits[len(rows):]
-
-    def _eager_hidden(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, AttentionMeta]:
-        """Eager forward: final hidden states `[T, hidden]` of every packed token."""
-        input_ids, positions, meta = self._pack(chunks, input_ids)
-        cpu_dense = self.device.type == "cpu" and isinstance(self.attention, DenseAttention)  # batched CPU plan
-        if meta.is_decode and hasattr(self.attention, "plan_decode") and (self.device.type == "cuda" or cpu_dense):
-            self.attention.plan_decode(meta, self.shapes, key="eager")
-        return self.model.hidden_states(input_ids, positions, meta, self.cache, self.attention), meta
-
-    def _eager_logits(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor | None, AttentionMeta]:
-        """Eager forward; with `input_ids` (one-step-late decode rows, ahead of the host tokens) every row samples."""
-        sampling = list(range(len(chunks))) if input_ids is not None else [i for i, c in enumerate(chunks) if c.samples]
-        h, meta = self._eager_hidden(chunks, input_ids)
-        if meta.is_decode and len(sampling) == len(chunks) and h.shape[0] == len(chunks):
-            return self.model.logits(h), meta  # every row samples: no row gather
-        ends = list(itertools.accumulate(meta.q_lens))
-        rows = [ends[i] - 1 for i in sampling]
-        return (self.model.logits(h[rows]) if rows else None), meta
-
-    def _graphs_usable(self, chunks: list[ScheduledChunk]) -> bool:
-        if not self.use_cuda_graphs or any(c.length != 1 or c.scores for c in chunks):
-            return False
-        if self.graph_runner is None:
-            from engine.gpu.graph_runner import DecodeGraphRunner
-
-            max_pages = -(-self.max_model_len // self.cache.page_size)
-            self.graph_runner = DecodeGraphRunner(self.model, self.cache, self.attention, self.shapes,
-                                                  self.scheduler.cfg.max_num_seqs, max_pages)
-        pages = max(c.start // self.cache.page_size + 1 for c in chunks)
-        return self.graph_runner.can_run(len(chunks), pages)
-
+    # -- one step (the forward half: engine.forward.StepForward) ---------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         outs: list[StepOutput] = []
@@ -232,19 +170,13 @@ class LLMEngine:
         seq.finished, seq.finish_reason, seq.error = True, "error", exc
         seq.finish_time = time.perf_counter()
         self.scheduler.finish(seq)
-        return StepOutput(seq.request_id, [], True, "error", error=f"{type(exc).__name__}: {exc}")
+        return error_output(seq)
 
     def _finish_scoring(self, seq: Sequence) -> StepOutput:
         """A score-only request (max_tokens 0) ends with its prefill: no token is drawn."""
         seq.finished, seq.finish_reason, seq.finish_time = True, "length", time.perf_counter()
         self.scheduler.finish(seq)
-        return self._output(seq, [])
-
-    def _output(self, seq: Sequence, new: list[int]) -> StepOutput:
-        first = len(seq.output_ids) == len(new)  # the output that ends the prefill carries the prompt's rows
-        return StepOutput(seq.request_id, new, seq.finished, seq.finish_reason,
-                          logprobs=seq.output_logprobs[-len(new):] if new and seq.params.logprobs is not None else None,
-                          prompt_logprobs=seq.prompt_logprobs if first else None)
+        return step_output(seq, [])
 
     # -- one step late (engine.gpu.async_decode) ------------------------------------------
     def _async_usable(self, chunks: list[ScheduledChunk]) -> bool:
@@ -280,13 +212,13 @@ class LLMEngine:
         if seq.first_token is None:
             seq.first_token = time.perf_counter()
         try:
-            self._check_stop(seq)
+            check_stop(seq, self.tokenizer.eos_token_ids, self.tokenizer.decode)
         except Exception as e:  # this request's stop handling (e.g. detokenising its tail) only
             return self._fail(seq, e)
         if seq.finished:
             seq.finish_time = time.perf_counter()
             self.scheduler.finish(seq)
-        return self._output(seq, [tok])
+        return step_output(seq, [tok])
 
     def _account_stats(self, chunks: list[ScheduledChunk], meta: AttentionMeta) -> None:
         read, dense = meta.stats.get("keys_read"), meta.stats.get("keys_dense")
@@ -295,20 +227,3 @@ class LLMEngine:
         for i, c in enumerate(chunks):
             c.seq.keys_read += read[i]
             c.seq.keys_dense += dense[i]
-
-    def _check_stop(self, seq: Sequence) -> None:
-        p, tok = seq.params, seq.output_ids[-1]
-        if not p.ignore_eos and tok in self.tokenizer.eos_token_ids:
-            seq.finished, seq.finish_reason = True, "stop"
-        elif tok in p.stop_token_ids:
-            seq.finished, seq.finish_reason = True, "stop"
-        elif p.stop and self._stop_string_hit(seq):
-            seq.finished, seq.finish_reason = True, "stop"
-        elif len(seq.output_ids) >= p.max_tokens or seq.total_len >= seq.max_len:
-            seq.finished, seq.finish_reason = True, "length"
-
-    def _stop_string_hit(self, seq: Sequence) -> bool:
-        # decode only a tail window: a stop string can only end in the newest text
-        longest = max(len(s) for s in seq.params.stop)
-        tail = self.tokenizer.decode(seq.output_ids[-(longest + 8):])
-        return any(s in tail for s in seq.params.stop)

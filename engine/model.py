@@ -58,8 +58,6 @@ class DecoderLayer(nn.Module):
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size), requires_grad=False)
         # CPU reduced-precision matmuls by matrix name ("qkv", "o_proj", "gate_up", "down"), or None
         self.fast_linears: dict | None = None
-        # GPU: a fused forward for <= 16 rows (engine.gpu.fused_decode.attach sets it), or None
-        self.fused_decode = None
 
     def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """x `[T, in]` @ the named fused matrix (its CPU fast version when attached)."""
@@ -98,8 +96,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x, delta, cos, sin, meta: AttentionMeta, cache: KVCache, attn, positions):
         """Residual stream x `[T, hidden]` plus the previous layer's pending output `delta` (None for
         the first layer); returns (x, this layer's MLP output) so the add fuses into the next norm."""
-        if self.fused_decode is not None and x.shape[0] <= 16:
-            return self.fused_decode(self, x, delta, cos, sin, meta, cache, attn, positions)
         eps = self.cfg.rms_eps
         if delta is None:
             h = add_rms_norm(x, self.in_norm, eps)

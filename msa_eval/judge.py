@@ -6,7 +6,7 @@ opinion, so the headline stays rule-based and reproducible offline).
 
 `--judge SPEC` names any backend through the one backend interface:
     local                      the default model, dense attention
-    local:MODEL[:ATTENTION]    a built-in name, HF dir or .gguf (attention dense|msa|msa-ref)
+    local:MODEL[:ATTENTION]    a built-in name, HF dir or .gguf (attention: engine.attention.kinds)
     openai:MODEL@BASE_URL      any OpenAI-compatible endpoint (key from $OPENAI_API_KEY or
                                `--judge-opt api_key_env=NAME`)
     preset:NAME                an endpoint preset of configs/endpoints/
@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engine.attention.kinds import ATTENTION_KINDS
 from msa_eval.errors import MsaEvalError
 from msa_eval.runner.config import BackendSpec
 
@@ -90,7 +91,7 @@ def parse_judge_spec(spec: str, options: dict[str, Any] | None = None) -> Backen
         from msa_eval.cli.run_setup import DEFAULT_MODEL
 
         parts = rest.split(":") if rest else []
-        attention = parts.pop() if parts and parts[-1] in ("dense", "msa", "msa-ref") else "dense"
+        attention = parts.pop() if parts and parts[-1] in ATTENTION_KINDS else "dense"
         return BackendSpec("local", ":".join(parts) or DEFAULT_MODEL, attention=attention, options=opts)
     if kind == "openai":
         model, sep, url = rest.partition("@")

@@ -1,13 +1,17 @@
-"""Dense paged GQA attention.
+"""Dense paged GQA attention, one class per device (`engine.attention.make_attention` picks it).
 
-CPU: torch SDPA per request over its gathered pages (the reference the MSA paths are compared
-to); CPU decode steps: one batched attention over the step's requests (`engine.cpu_decode`). GPU decode: our split-K paged kernel through `kernels.decode.DenseDecodePlan` (plan once per
-step, run per layer; CUDA-graph capturable). GPU prefill chunks: SDPA (flash / memory-efficient
-kernels) per request and KV group over the gathered pages.
+`DenseAttention` (CPU): torch SDPA per request over its gathered pages (the reference the MSA
+paths are compared to); decode steps: one batched attention over the step's requests
+(`engine.cpu_decode.CpuDecodePlan`).
+`GpuDenseAttention`: decode through our split-K paged kernel, `kernels.decode.DenseDecodePlan`
+(plan once per step, run per layer; CUDA-graph capturable); prefill chunks: SDPA (flash /
+memory-efficient kernels) per request and KV group over the gathered pages.
 Queries `[T, Hq, d]` packed per `meta.cu_seqlens_q`; causal with bottom-right alignment
 (query i of a request sits at position kv_len - q_len + i).
 """
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -55,33 +59,22 @@ def prefill_sdpa_gpu(qr: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
 
 class DenseAttention:
+    """Dense attention on the CPU (see the module docstring)."""
+
     kind = "dense"
-    supports_cuda_graphs = True
+    supports_cuda_graphs = False
 
     def __init__(self, scale: float):
         self.scale = scale
-        self._plans: dict = {}
 
     def plan_decode(self, meta: AttentionMeta, shapes: DecodeShapes, key="eager") -> None:
-        """GPU decode step: copy lengths and pages into the plan for `key` (outside graph capture).
-        CPU decode step: one batched attention for all requests (`CpuDecodePlan`), unless padding
-        to the longest request would more than double the keys read (then per-request SDPA)."""
-        if shapes.device.type == "cpu":
-            lens = meta.kv_lens
-            if len(lens) * max(lens) <= 2 * sum(lens):
-                from engine.cpu_decode import CpuDecodePlan
+        """One batched attention for all requests of the step (`CpuDecodePlan`), unless padding to the
+        longest request would more than double the keys read (then per-request SDPA)."""
+        lens = meta.kv_lens
+        if len(lens) * max(lens) <= 2 * sum(lens):
+            from engine.cpu_decode import CpuDecodePlan
 
-                meta.decode_plan = CpuDecodePlan.build(meta, shapes.num_kv_heads, shapes.page_size, self.scale)
-            return
-        from kernels.decode import DenseDecodePlan
-
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = DenseDecodePlan(
-                shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size, device=shapes.device,
-                dtype=shapes.dtype, softmax_scale=self.scale)
-        plan.plan(meta.seq_lens_host, meta.page_table_host, 1)
-        meta.decode_plan = plan
+            meta.decode_plan = CpuDecodePlan.build(meta, shapes.num_kv_heads, shapes.page_size, self.scale)
 
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMeta, **_: object) -> torch.Tensor:
@@ -94,12 +87,38 @@ class DenseAttention:
             k = gather_kv(k_cache, pages, kl)
             v = gather_kv(v_cache, pages, kl)
             qr = q[start:start + ql].transpose(0, 1)  # [Hq, ql, d]
-            if q.is_cuda:
-                out[start:start + ql] = prefill_sdpa_gpu(qr, k, v, self.scale).transpose(0, 1)
-            else:
-                mask = causal_mask(ql, kl, q.device)
-                o = F.scaled_dot_product_attention(qr[None].to(k.dtype), k[None], v[None], attn_mask=mask,
-                                                   scale=self.scale, enable_gqa=True)
-                out[start:start + ql] = o[0].transpose(0, 1)
+            out[start:start + ql] = self._attend(qr, k, v).transpose(0, 1)
             start += ql
         return out
+
+    def _attend(self, qr: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One request: qr `[Hq, ql, d]`, k/v `[Hkv, kl, d]` -> `[Hq, ql, d]`, bottom-right causal."""
+        mask = causal_mask(qr.shape[1], k.shape[1], qr.device)
+        return F.scaled_dot_product_attention(qr[None].to(k.dtype), k[None], v[None], attn_mask=mask,
+                                              scale=self.scale, enable_gqa=True)[0]
+
+
+class GpuDenseAttention(DenseAttention):
+    """Dense attention on a CUDA device (see the module docstring)."""
+
+    supports_cuda_graphs = True
+
+    def __init__(self, scale: float, impl: Literal["triton", "torch"] = "triton"):
+        super().__init__(scale)
+        self.impl = impl  # of the decode plan; "torch" (its reference) only to check it off a GPU
+        self._plans: dict = {}
+
+    def plan_decode(self, meta: AttentionMeta, shapes: DecodeShapes, key="eager") -> None:
+        """Copy lengths and pages into the plan for `key` (outside graph capture)."""
+        from kernels.decode import DenseDecodePlan
+
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = DenseDecodePlan(
+                shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size, device=shapes.device,
+                dtype=shapes.dtype, softmax_scale=self.scale, impl=self.impl)
+        plan.plan(meta.seq_lens_host, meta.page_table_host, 1)
+        meta.decode_plan = plan
+
+    def _attend(self, qr: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return prefill_sdpa_gpu(qr, k, v, self.scale)

@@ -1,8 +1,9 @@
-"""Per-step batch metadata shared by every layer's attention, and the decode-plan hook."""
+"""Per-step batch metadata shared by every layer's attention, the decode-plan hook, and what an
+attention object is (`Attention`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -58,3 +59,14 @@ class AttentionMeta:
     @property
     def num_requests(self) -> int:
         return len(self.q_lens)
+
+
+class Attention(Protocol):
+    """What every layer calls: `attn(layer, q, k_cache, v_cache, meta, hidden=, cos=, sin=, cache=,
+    positions=) -> out [T, Hq, d]`. Optional: `plan_decode(meta, shapes, key)` (the decode-plan hook
+    above) and `decode_stats(meta)`."""
+
+    supports_cuda_graphs: bool
+
+    def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMeta, **kw: Any) -> torch.Tensor: ...

@@ -1,18 +1,23 @@
 """MSA attention for the engine: per MSA layer, write the index keys into the paged index-K
 cache, select the top-k blocks (prefill indexer for chunks, decode indexer for decode steps),
-then exact attention over the selected blocks; the configured dense layers run `DenseAttention`.
+then exact attention over the selected blocks; the configured dense layers run the dense
+attention given (`engine.attention.make_attention` builds both for the device).
 
-`impl`: "auto" (`--attention msa`) = Triton kernels on CUDA tensors; on the CPU the reference
-indexers select and `msa_masked` attends (exact masked SDPA, as fast as dense);
-"torch" (`--attention msa-ref`) = always the kernels' torch references.
+`MSAAttention` calls the kernels with the implementation it was built with: `impl="torch"`
+(`--attention msa-ref`: the kernels' torch references, any device) or `impl="triton"` (CUDA; the
+base of `engine.gpu.msa_graph.GraphMSAAttention`, what `--attention msa` gets on a GPU).
+`CpuMaskedMSA` (`--attention msa` on a CPU): the reference indexers select and
+`msa_masked` attends (exact masked SDPA, as fast as dense).
 
 Statistics per request (summed over layers) in `meta.stats`: `keys_read` (keys the layer's
 attention reads: `(n_valid - 1) * B + pos % B + 1` per query with `n_valid = min(k, pos // B + 1)`,
-whatever blocks are picked) and `keys_dense` (`pos + 1`). With `track_recall=True` (reference path
-only) each MSA layer also adds the dense softmax mass that falls inside its selected blocks to
-`recall[layer] = [mass_sum, n_query_heads]`.
+whatever blocks are picked) and `keys_dense` (`pos + 1`). With `track_recall=True` (the reference
+kind, msa-ref) each MSA layer also adds the dense softmax mass that falls inside its selected blocks
+to `recall[layer] = [mass_sum, n_query_heads]`.
 """
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
@@ -22,26 +27,24 @@ from engine.msa.config import MSAConfig
 from engine.msa.projections import IndexProjections, IndexRope
 from engine.msa.recall import selected_mass
 
-
 # Sparse prefill kernel design, fixed so that a layer needs no host sync. design="auto" (one sync per
 # layer) picks the per-token kernel only when a tile's union of selected blocks passes the measured
 # break-even (kernels/sparse_prefill/config.py: 12 k blocks per 16-token tile for G < 8, i.e. 192 of
 # at most 241 at k = 16; with the rare-block split for G >= 8 it picked the tile on every selection
-# measured); so "tile" gives what "auto" gave. design="auto_device" would choose on the device without
-# a sync, but its gated kernels cost 35.6 vs 32.7 ms at 128K (M3 shape, benchmarks/prefill/RESULTS.md run 5).
+# measured); so "tile" gives what "auto" gave.
 PREFILL_DESIGN = "tile"
 
 
 class MSAAttention:
+    supports_cuda_graphs = False  # its per-layer kernel calls plan and sync on their own
+
     def __init__(self, msa: MSAConfig, projections: IndexProjections, rope: IndexRope, num_layers: int,
-                 scale: float, impl: str = "auto", track_recall: bool = False):
-        if track_recall and impl != "torch":
-            raise ValueError("attention-mass recall is measured on the reference path: use attention='msa-ref'")
+                 scale: float, dense: DenseAttention, impl: Literal["torch", "triton"] = "torch",
+                 track_recall: bool = False):
         self.msa, self.proj, self.rope, self.scale, self.impl = msa, projections, rope, scale, impl
-        self.kind = "msa-ref" if impl == "torch" else "msa"
         self.num_layers = num_layers
         self.msa_layers = set(projections.layer_ids)
-        self.dense = DenseAttention(scale)
+        self.dense = dense
         self.track_recall = track_recall
         self.recall: dict[int, list[float]] = {}
 
@@ -66,8 +69,53 @@ class MSAAttention:
     def recall_by_layer(self) -> dict[int, float]:
         return {i: s / max(n, 1) for i, (s, n) in sorted(self.recall.items())}
 
-    def _cpu_masked(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta):
-        """`--attention msa` on the CPU: the reference indexers select, masked SDPA attends."""
+    # -- the layer call -------------------------------------------------------------------
+    def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 cache, positions: torch.Tensor, **_: object) -> torch.Tensor:
+        if layer == 0:
+            self._fill_stats(meta)
+        if layer not in self.msa_layers:
+            return self.dense(layer, q, k_cache, v_cache, meta)
+        q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
+        kic = cache.k_idx[layer]
+        kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
+        out, ids = self._select_and_attend(q, q_idx.to(kic.dtype), k_cache, v_cache, kic, meta)
+        if self.track_recall:
+            s, n = selected_mass(q, k_cache, meta, ids, self.scale)
+            acc = self.recall.setdefault(layer, [0.0, 0])
+            acc[0] += s
+            acc[1] += n
+        return out
+
+    def _select_and_attend(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention output `[T, Hq, d]`, selected block ids `[T, Hkv, k]`) of one MSA layer."""
+        if meta.is_decode:
+            from kernels.decode import msa_decode_attention, msa_decode_indexer
+
+            ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
+            out = msa_decode_attention(q, k_cache, v_cache, ids, meta.page_table, meta.seq_lens_kv, 1,
+                                       softmax_scale=self.scale, impl=self.impl)
+            return out, ids
+        from kernels.indexer import msa_indexer
+        from kernels.sparse_prefill import msa_prefill_attention
+
+        # no host sync per layer: the lengths come from the engine's own metadata (shapes are still
+        # checked), the ids from the indexer, the kernel design is fixed (PREFILL_DESIGN)
+        ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
+                          impl=self.impl, check_lengths=False)
+        out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
+                                       ids, scale=self.scale, impl=self.impl, design=PREFILL_DESIGN,
+                                       check_ids=False, check_lengths=False)
+        return out, ids
+
+
+class CpuMaskedMSA(MSAAttention):
+    """`--attention msa` on the CPU: the reference indexers select, masked SDPA attends (`msa_masked`)."""
+
+    def _select_and_attend(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         from engine.attention.msa_masked import masked_sparse_attention
 
         if meta.is_decode:
@@ -81,41 +129,3 @@ class MSAAttention:
                               impl="torch")
         # block = page (the kernels read the block size off the cache the same way)
         return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, k_cache.shape[2]), ids
-
-    # -- the layer call -------------------------------------------------------------------
-    def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 cache, positions: torch.Tensor, **_: object) -> torch.Tensor:
-        if layer == 0:
-            self._fill_stats(meta)
-        if layer not in self.msa_layers:
-            return self.dense(layer, q, k_cache, v_cache, meta)
-        q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
-        kic = cache.k_idx[layer]
-        kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
-        q_idx = q_idx.to(kic.dtype)
-        if self.impl == "auto" and q.device.type == "cpu":
-            out, ids = self._cpu_masked(q, q_idx, k_cache, v_cache, kic, meta)
-        elif meta.is_decode:
-            from kernels.decode import msa_decode_attention, msa_decode_indexer
-
-            ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
-            out = msa_decode_attention(q, k_cache, v_cache, ids, meta.page_table, meta.seq_lens_kv, 1,
-                                       softmax_scale=self.scale, impl=self.impl)
-        else:
-            from kernels.indexer import msa_indexer
-            from kernels.sparse_prefill import msa_prefill_attention
-
-            # no host sync per layer: the lengths come from the engine's own metadata (shapes are still
-            # checked), the ids from the indexer, the kernel design is fixed (PREFILL_DESIGN)
-            ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
-                              impl=self.impl, check_lengths=False)
-            out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
-                                           ids, scale=self.scale, impl=self.impl, design=PREFILL_DESIGN,
-                                           check_ids=False, check_lengths=False)
-        if self.track_recall:
-            s, n = selected_mass(q, k_cache, meta, ids, self.scale)
-            acc = self.recall.setdefault(layer, [0.0, 0])
-            acc[0] += s
-            acc[1] += n
-        return out

@@ -1,7 +1,7 @@
 """MSA attention with capturable decode: the engine's `MSAAttention` (engine/attention/msa.py, its
 prefill path unchanged) plus the decode-plan hook, so decode steps replay from CUDA graphs.
-`--attention msa` gets it on a CUDA device (`engine.msa_setup.msa_attention_class`); with the
-engine's `cuda_graphs` off the same plans launch eagerly, one plan per step instead of per layer.
+`--attention msa` gets it on a CUDA device (`engine.attention.make_attention`, impl "triton"); with
+the engine's `cuda_graphs` off the same plans launch eagerly, one plan per step instead of per layer.
 
 Per decode step `plan_decode` fills one `kernels.decode.MSADecodePlan` (indexer + sparse
 attention over the top-k pages) and one `DenseDecodePlan` (the configured dense layers); each
@@ -47,8 +47,8 @@ def keys_read_closed_form(q_lens: list[int], kv_lens: list[int], block: int, top
 class GraphMSAAttention(MSAAttention):
     supports_cuda_graphs = True
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, impl="triton", **kwargs):
+        super().__init__(*args, impl=impl, **kwargs)
         self._plans: dict = {}
 
     def decode_stats(self, meta: AttentionMeta) -> None:
@@ -65,7 +65,7 @@ class GraphMSAAttention(MSAAttention):
 
         plans = self._plans.get(key)
         if plans is None:
-            common = dict(device=shapes.device, dtype=shapes.dtype, softmax_scale=self.scale)
+            common = dict(device=shapes.device, dtype=shapes.dtype, softmax_scale=self.scale, impl=self.impl)
             dims = (shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size)
             plans = self._plans[key] = MSADecodePlans(
                 MSADecodePlan(*dims, topk=self.msa.topk, index_dim=self.msa.d_idx, **common),
@@ -80,7 +80,7 @@ class GraphMSAAttention(MSAAttention):
                  meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  cache, positions: torch.Tensor, **kw: object) -> torch.Tensor:
         plans = meta.decode_plan
-        if not isinstance(plans, MSADecodePlans):  # prefill chunks, mixed steps, CPU: the engine's path
+        if not isinstance(plans, MSADecodePlans):  # prefill chunks, mixed steps: MSAAttention's path
             return super().__call__(layer, q, k_cache, v_cache, meta, hidden=hidden, cos=cos, sin=sin,
                                     cache=cache, positions=positions, **kw)
         if layer not in self.msa_layers:

@@ -1,4 +1,5 @@
-"""Weight + tokenizer loading: `load(model)` resolves a name or path to (config, weights, tokenizer)."""
-from engine.loader.resolve import LoadedModel, load, resolve_model_path
+"""Weight + tokenizer loading: `load(model)` resolves a name or path to (config, weights, tokenizer);
+`load_tokenizer(model)` reads the config and tokenizer only."""
+from engine.loader.resolve import LoadedModel, LoadedTokenizer, load, load_tokenizer, resolve_model_path
 
-__all__ = ["LoadedModel", "load", "resolve_model_path"]
+__all__ = ["LoadedModel", "LoadedTokenizer", "load", "load_tokenizer", "resolve_model_path"]

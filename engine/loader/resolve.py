@@ -1,8 +1,8 @@
-"""Resolve `--model` (built-in name, HF directory, .gguf path) and load it."""
+"""Resolve `--model` (built-in name, HF directory, .gguf path) and load it: `load` (config, weights,
+tokenizer) or `load_tokenizer` (config and tokenizer only, no weights read)."""
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,25 +40,50 @@ def resolve_model_path(model: str, progress: bool = True) -> tuple[str, Path]:
     return store._builtin(model).name, Path()  # raises the unknown-name error
 
 
-def _dequant_cache(path: Path, sha: str | None) -> Path | None:
+@dataclass
+class LoadedTokenizer:
+    model_id: str
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+
+
+def _dequant_cache(path: Path, sha: str | None) -> Path:
     """Where the dequantized float32 weights of a GGUF are cached (dequantizing takes seconds)."""
-    if os.environ.get("MSA_EVAL_NO_DEQUANT_CACHE"):
-        return None
     st = path.stat()
     key = sha[:16] if sha else hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return store.home() / "dequant" / key
 
 
-def load(model: str, progress: bool = True) -> LoadedModel:
+def load(model: str, progress: bool = True, dequant_cache: bool = True) -> LoadedModel:
+    """`dequant_cache`: keep a GGUF's dequantized weights under the msa-eval home for the next load."""
     model_id, path = resolve_model_path(model, progress=progress)
     if path.suffix == ".gguf":
         from engine.loader.gguf_loader import load_gguf
 
         sha = store.BUILTIN_MODELS[model].sha256 if model in store.BUILTIN_MODELS else None
-        cfg, weights, tok = load_gguf(path, cache_dir=_dequant_cache(path, sha))
+        cfg, weights, tok = load_gguf(path, cache_dir=_dequant_cache(path, sha) if dequant_cache else None)
     else:
         from engine.loader.hf_loader import load_hf_dir
 
         cfg, weights, tok = load_hf_dir(path)
         sha = None
     return LoadedModel(model_id, path, cfg, weights, tok, sha)
+
+
+def load_tokenizer(model: str, progress: bool = True) -> LoadedTokenizer:
+    """The model's config and tokenizer, read from its files without loading the weights."""
+    model_id, path = resolve_model_path(model, progress=progress)
+    if path.suffix == ".gguf":
+        from engine.loader.gguf_loader import _reader, gguf_config, gguf_tokenizer
+
+        reader = _reader(path)
+        cfg = gguf_config(reader)
+        return LoadedTokenizer(model_id, path, cfg, gguf_tokenizer(reader, cfg))
+    import json
+
+    from engine.config import from_hf_config
+    from engine.loader.hf_loader import load_hf_tokenizer
+
+    cfg = from_hf_config(json.loads((path / "config.json").read_text()))
+    return LoadedTokenizer(model_id, path, cfg, load_hf_tokenizer(path, cfg))

@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server over `engine.LLM` (`msa-eval serve`).
 
-Layout: schemas (pydantic edge), async_engine (the one engine thread), textstream (stop
-strings, incremental text), toolcalls (render/parse tool calls), generation (one request),
+Layout: schemas (pydantic edge), async_engine (the one engine thread), toolcalls (render/parse
+tool calls), generation (one request; its text through `engine.textstream`),
 chat / completions (routes), tokenize (lm-eval's remote tokenizer endpoints), metrics
 (Prometheus), app (assembly). Run it with `msa-eval serve` or `python -m engine.server`.
 """

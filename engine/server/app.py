@@ -188,6 +188,4 @@ def create_app(config: ServerConfig) -> FastAPI:
     """Load the model named in `config` and return the app serving it."""
     from engine import LLM
 
-    llm = LLM(model=config.model, attention=config.attention, device=config.device, dtype=config.dtype,
-              max_model_len=config.max_model_len, max_num_seqs=config.max_batch)
-    return build_app(llm, config)
+    return build_app(LLM(**config.llm_kwargs()), config)

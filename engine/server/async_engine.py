@@ -2,8 +2,10 @@
 
 `LLMEngine` is not thread-safe and must be driven from ONE thread. `AsyncEngine` owns that
 thread: handlers put commands (add a request, abort one) on a thread-safe queue; the thread
-applies them, calls `engine.step()` while anything is unfinished, and hands each `StepOutput`
-to the asyncio queue of its request through `loop.call_soon_threadsafe`. All concurrent
+applies them, calls `engine.step()` while anything is unfinished, hands each `StepOutput`
+to the asyncio queue of its request through `loop.call_soon_threadsafe`, and `engine.finish`es
+the requests that ended (the engine's drive API; `LLMEngine.stream` is the same loop without
+the commands). All concurrent
 requests, scoring ones included (prompt log-probs are part of a request's prefill), are
 therefore batched by the engine's own scheduler (continuous batching).
 
@@ -167,10 +169,11 @@ class AsyncEngine:
                 self._on_step(self._engine)
 
     def _forget(self, request_id: str) -> None:
-        """Drop a finished request from the engine's table (LLM.generate does this with pop_finished)."""
+        """Drop a finished request from the engine (`finish`; its events already went to the stream, an
+        ended-with-error request's error too, so what `finish` returns or raises is not needed here)."""
         try:
-            self._engine.pop_finished(request_id)
-        except (KeyError, AttributeError):
+            self._engine.finish(request_id)
+        except Exception:
             pass
 
     def _fail_all(self, message: str) -> None:

@@ -2,7 +2,7 @@
 
 With tools offered the streamed answer is buffered and sent at the end (as content or as
 tool_calls deltas), because whether the text is a call is only known once it is complete.
-Without tools, text deltas are sent as soon as they are safe (see textstream).
+Without tools, text deltas are sent as soon as they are safe (see engine.textstream).
 """
 from __future__ import annotations
 

@@ -1,13 +1,18 @@
-"""Typed configuration of `msa-eval serve` (the CLI fills it; `create_app` consumes it)."""
+"""Typed configuration of `msa-eval serve` and `python -m engine.server` (both command lines are built
+from these fields and defaults, the attention choices from `engine.attention.kinds`; `create_app`
+consumes it). The engine settings that used to be environment variables are fields here, filled
+by the command line (which reads the variables)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from engine.attention.kinds import AttentionKind
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     model: str = "smollm2-135m"
-    attention: str = "dense"  # "dense" | "msa" | "msa-ref"
+    attention: AttentionKind = "dense"
     host: str = "127.0.0.1"
     port: int = 8000
     max_batch: int = 16  # engine max_num_seqs: requests decoded together
@@ -17,6 +22,9 @@ class ServerConfig:
     dtype: str | None = None
     served_model_names: tuple[str, ...] = field(default_factory=tuple)  # extra names accepted in `model`
     max_body_bytes: int | None = None  # request-body cap; None: derived from the context length (bodylimit)
+    weights: str | None = None  # CPU weight mode (LLM weights); None: fp32
+    kv_cache_tokens: int | None = None  # None: sized by the engine
+    dequant_cache: bool = True  # keep a GGUF's dequantized weights for the next load
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0:
@@ -25,3 +33,9 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+
+    def llm_kwargs(self) -> dict:
+        """The `engine.LLM` keywords of this server."""
+        return dict(model=self.model, attention=self.attention, device=self.device, dtype=self.dtype,
+                    max_model_len=self.max_model_len, max_num_seqs=self.max_batch, weights=self.weights,
+                    kv_cache_tokens=self.kv_cache_tokens, dequant_cache=self.dequant_cache)

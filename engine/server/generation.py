@@ -10,7 +10,7 @@ from fastapi import Request
 
 from engine.server.errors import ApiError
 from engine.server.state import ServingState
-from engine.server.textstream import IncrementalText
+from engine.textstream import IncrementalText
 
 
 class ClientDisconnected(Exception):

@@ -11,17 +11,16 @@ from typing import Callable
 
 import torch
 
-from engine.attention import DenseAttention
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
 
 
 class _RecordingAttention:
-    """Dense attention that keeps the `hidden` input of the chosen layers."""
+    """Dense attention (the dense LLM's own) that keeps the `hidden` input of the chosen layers."""
 
-    def __init__(self, scale: float, layers: set[int]):
-        self.dense, self.layers = DenseAttention(scale), layers
+    def __init__(self, dense, layers: set[int]):
+        self.dense, self.layers = dense, layers
         self.kept: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
 
     def __call__(self, layer, q, k_cache, v_cache, meta, *, hidden, **_):
@@ -35,7 +34,7 @@ def collect_hidden(llm, seqs: list[list[int]], layers: tuple[int, ...],
                    on_seq: Callable[[int], None] | None = None) -> dict[int, torch.Tensor]:
     """Hidden inputs `{layer: [n_seq, S, hidden] fp16}` of `llm` (dense) over token sequences."""
     eng = llm.engine
-    rec = _RecordingAttention(llm.config.head_dim ** -0.5, set(layers))
+    rec = _RecordingAttention(llm.engine.attention, set(layers))
     out: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
     for n, ids in enumerate(seqs):
         rid = f"sparsify-{n}"

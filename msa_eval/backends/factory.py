@@ -32,12 +32,6 @@ def build_local(model: str, attention: str = "dense", **opts: Any) -> Backend:
 
     try:
         return LocalBackend(model=model, attention=attention, **opts)
-    except ModuleNotFoundError as e:
-        if attention.startswith("msa") and "engine" in (e.name or ""):
-            raise BackendError(
-                f"attention '{attention}' is not available in this engine yet ({e.name} is missing): "
-                "run with --attention dense") from None
-        raise
     except EngineError as e:
         raise BackendError(f"local backend ({model}, attention={attention}): {e}") from None
 

@@ -50,30 +50,28 @@ class LocalBackend:
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         from engine import SamplingParams
         from engine.errors import ContextTooLongError
+        from engine.requests import Request
 
         eng = self.llm.engine
         results: dict[str, GenResult] = {}
         live: dict[str, tuple[GenRequest, int, float]] = {}
+        batch: list[Request] = []
         for r in requests:
             ids = self.prompt_ids(r)
             sp = SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
                                 stop=list(r.stop), seed=r.seed)
-            rid = f"local-{r.id}-{time.monotonic_ns()}"
             try:
-                eng.add_request(rid, ids, sp)
+                eng.check_length(len(ids), sp)
             except ContextTooLongError as e:  # the harness sized the prompt wrong: error record
                 results[r.id] = GenResult(r.id, "", "error", prompt_tokens=len(ids), error=str(e))
                 continue
+            rid = f"local-{r.id}-{time.monotonic_ns()}"
+            batch.append(Request(rid, ids, sp))
             live[rid] = (r, len(ids), time.perf_counter())
-        try:
-            while eng.has_unfinished():
-                eng.step()
-        except BaseException:
-            for rid in live:
-                eng.abort(rid)
-            raise
+        for _ in eng.stream(batch):  # continuous batching; stopped early, it aborts the batch
+            pass
         for rid, (r, n_prompt, t0) in live.items():
-            out = self.llm._output(eng.pop_finished(rid))
+            out = eng.finish(rid)  # raises the error the engine ended the request with
             m = out.metrics
             extra = {k: v for k, v in m.items() if k not in ("prefill_s", "decode_s", "ttft_s")}
             results[r.id] = GenResult(

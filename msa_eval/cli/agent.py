@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from msa_eval import display
+from msa_eval.cli.options import attention_option
 from msa_eval.cli.run import run as _suite_run
 
 BACKENDS = ("oracle", "local", "openai")
@@ -56,7 +57,7 @@ def _backend_opts(f):
         click.option("--backend", "backend_kind", type=click.Choice(BACKENDS), default="oracle", show_default=True,
                      help="oracle = scripted gold replay; local = in-process engine; openai = any endpoint (e.g. msa-eval serve)."),
         click.option("--model", default=None, help="local: name/HF dir/.gguf (default smollm2-135m); openai: model id."),
-        click.option("--attention", default="dense", type=click.Choice(["dense", "msa", "msa-ref"]), show_default=True),
+        attention_option(),
         click.option("--base-url", default=None, help="openai backend base URL (.../v1)."),
         click.option("--suite", default="default", show_default=True, help="Agent suite in configs/agents.yaml."),
         click.option("--config", "config_path", type=click.Path(path_type=Path), default=None, help="Suite YAML."),

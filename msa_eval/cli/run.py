@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from msa_eval import display
+from msa_eval.cli.options import attention_option, engine_kwargs, engine_options
 
 
 @click.command()
@@ -17,8 +18,7 @@ from msa_eval import display
 @click.option("--backend", "backend_kind", type=click.Choice(["local", "openai"]), default="local",
               show_default=True, help="Where the model runs.")
 @click.option("--model", default=None, help="local: built-in name, HF dir or .gguf (default smollm2-135m); openai: model id.")
-@click.option("--attention", default="both", show_default=True,
-              type=click.Choice(["both", "msa", "dense", "msa-ref"]), help="local backend attention.")
+@attention_option("both", extra=("both",), help="local backend attention (both: msa and dense).")
 @click.option("--base-url", default=None, help="openai backend: the endpoint's base URL (…/v1).")
 @click.option("--tokenizer", "reference", default=None,
               help="Reference tokenizer for prompt fitting (model name/path or tokenizer.json); default: the local model, else smollm2-135m.")
@@ -37,15 +37,18 @@ from msa_eval import display
                    "headline: local[:MODEL[:ATTENTION]], openai:MODEL@BASE_URL or preset:NAME.")
 @click.option("--judge-opt", "judge_opts", multiple=True, metavar="KEY=VALUE",
               help="Judge backend option, repeatable (e.g. api_key_env=MY_KEY).")
+@engine_options
 @click.option("--dry-run", is_flag=True, help="Build prompts and show token counts (with --json: the prompts); load no model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
-        mode, seed, concurrency, limit, out, backend_opts, judge, judge_opts, dry_run, as_json) -> None:
+        mode, seed, concurrency, limit, out, backend_opts, judge, judge_opts, weights, kv_cache_tokens,
+        no_dequant_cache, dry_run, as_json) -> None:
     """Run SUITE (a name under configs/ or a YAML path) and print the side-by-side report."""
     from msa_eval.cli.run_setup import RunArgs, prepare
 
     args = RunArgs(suite, backend_kind, model, attention, base_url, reference, lengths, samples,
-                   task_names, mode, seed, concurrency, limit, out, backend_opts)
+                   task_names, mode, seed, concurrency, limit, out, backend_opts,
+                   engine_kwargs(weights, kv_cache_tokens, no_dequant_cache))
     judge_spec = None
     if judge:
         from msa_eval.judge import parse_judge_spec

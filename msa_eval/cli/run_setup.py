@@ -1,10 +1,11 @@
 """Turn `msa-eval run` flags into a typed RunConfig, a plan of samples and a run directory."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine.attention.kinds import uses_indexer
 from msa_eval.runner.config import (
     BackendSpec, ConfigError, RunConfig, SuiteConfig, TaskEntry, load_suite, parse_backend_opts,
     parse_lengths,
@@ -33,6 +34,7 @@ class RunArgs:
     limit: int | None
     out: Path | None
     backend_opts: tuple[str, ...] = ()
+    engine_opts: dict[str, Any] = field(default_factory=dict)  # local backend: --weights etc. (under --backend-opt)
 
 
 @dataclass
@@ -64,9 +66,10 @@ def _backends(a: RunArgs, suite: SuiteConfig) -> tuple[BackendSpec, ...]:
     if a.backend == "local":
         model = a.model or DEFAULT_MODEL
         kinds = ("msa", "dense") if a.attention == "both" else (a.attention,)
+        opts = {**a.engine_opts, **opts}
 
         def for_kind(k: str) -> dict[str, Any]:
-            if not k.startswith("msa") or not (suite.msa_overrides or "msa_overrides" in opts):
+            if not uses_indexer(k) or not (suite.msa_overrides or "msa_overrides" in opts):
                 return {x: v for x, v in opts.items() if x != "msa_overrides"}
             return {**opts, "msa_overrides": {**suite.msa_overrides, **opts.get("msa_overrides", {})}}
 

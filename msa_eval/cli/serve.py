@@ -3,50 +3,53 @@ from __future__ import annotations
 
 import click
 
+from engine.server.config import ServerConfig
+from msa_eval.cli.options import attention_option, engine_options
 from msa_eval.errors import MsaEvalError
 
 
+_D = ServerConfig()  # the defaults, shared with `python -m engine.server`
+
+
 @click.command("serve")
-@click.option("--model", "-m", default="smollm2-135m", show_default=True,
+@click.option("--model", "-m", default=_D.model, show_default=True,
               help="Built-in model name, HF directory or .gguf path.")
-@click.option("--attention", type=click.Choice(["dense", "msa", "msa-ref"]), default="dense", show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (keep 127.0.0.1 unless you mean it).")
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--max-batch", default=16, show_default=True, type=int, help="Requests decoded together (engine max_num_seqs).")
-@click.option("--max-queue", default=64, show_default=True, type=int,
+@attention_option(_D.attention)
+@click.option("--host", default=_D.host, show_default=True, help="Bind address (keep 127.0.0.1 unless you mean it).")
+@click.option("--port", default=_D.port, show_default=True, type=int)
+@click.option("--max-batch", default=_D.max_batch, show_default=True, type=int,
+              help="Requests decoded together (engine max_num_seqs).")
+@click.option("--max-queue", default=_D.max_queue, show_default=True, type=int,
               help="Requests admitted beyond --max-batch before the server answers 429.")
-@click.option("--max-model-len", default=None, type=int, help="Context limit (default: the model's).")
-@click.option("--max-body-bytes", default=None, type=int,
+@click.option("--max-model-len", default=_D.max_model_len, type=int, help="Context limit (default: the model's).")
+@click.option("--max-body-bytes", default=_D.max_body_bytes, type=int,
               help="Largest request body accepted (default: 64 bytes per context token + 256 KiB).")
-@click.option("--device", default=None, help="cpu | cuda (default: cuda when available).")
+@click.option("--device", default=_D.device, help="cpu | cuda (default: cuda when available).")
 @click.option("--served-model-name", "served_names", multiple=True,
               help="Extra name accepted in the request's `model` field (repeatable).")
+@engine_options
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model: str, attention: str, host: str, port: int, max_batch: int, max_queue: int,
           max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
-          log_level: str) -> None:
+          weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""
     import uvicorn
 
     from engine.errors import EngineError
-    from engine.server import ServerConfig, create_app
+    from engine.server import create_app
     from msa_eval.display import info
 
     try:
         config = ServerConfig(model=model, attention=attention, host=host, port=port, max_batch=max_batch,
                               max_queue=max_queue, max_model_len=max_model_len, device=device,
-                              served_model_names=served_names, max_body_bytes=max_body_bytes)
+                              served_model_names=served_names, max_body_bytes=max_body_bytes, weights=weights,
+                              kv_cache_tokens=kv_cache_tokens or None, dequant_cache=not no_dequant_cache)
         app = create_app(config)
     except ValueError as e:
         raise MsaEvalError(f"bad serve option: {e}") from e
     except EngineError as e:
         raise MsaEvalError(str(e)) from e
-    except ModuleNotFoundError as e:
-        if attention.startswith("msa") and (e.name or "").startswith("engine"):
-            raise MsaEvalError(f"attention '{attention}' is not available in this engine yet ({e.name} is missing): "
-                               "serve with --attention dense") from e
-        raise
     state = app.state.serving
     info(f"serving {state.model_names[0]} ({attention}) on http://{host}:{port}/v1 "
          f"(max context {state.max_model_len}, batch {max_batch}, queue {max_queue})")

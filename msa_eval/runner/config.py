@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.attention.kinds import AttentionKind
 from msa_eval.errors import MsaEvalError
 
 Mode = Literal["chat", "completion"]
@@ -23,7 +24,7 @@ class ConfigError(MsaEvalError):
 
 # backend options that change how, not what, is computed: not part of the config hash
 _NOT_IDENTITY = ("api_key", "api_key_env", "timeout", "timeout_s", "max_retries", "max_concurrency",
-                 "backoff_initial_s", "backoff_max_s", "cache_dir", "stream")
+                 "backoff_initial_s", "backoff_max_s", "cache_dir", "stream", "kv_cache_tokens", "dequant_cache")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class SuiteConfig:
 class BackendSpec:
     kind: str  # "local" | "openai"
     model: str
-    attention: str | None = None  # local only: dense | msa | msa-ref
+    attention: AttentionKind | None = None  # local only
     base_url: str | None = None  # openai only
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -19,28 +19,15 @@ def load_reference_tokenizer(model: str) -> tuple[Any, dict[str, Any]]:
     if p.is_file() and p.name.endswith(".json"):
         return _from_tokenizer_json(p)
     try:
-        from engine.loader import resolve_model_path
-        from engine.msa_setup import split_model_adapter
+        from engine.loader import load_tokenizer
+        from engine.msa.setup import split_model_adapter
 
-        model, _adapter = split_model_adapter(model)  # BASE+ADAPTER: the base's tokenizer
-
-        model_id, path = resolve_model_path(model, progress=True)
-        if path.suffix == ".gguf":
-            from engine.loader.gguf_loader import _reader, gguf_config, gguf_tokenizer
-
-            reader = _reader(path)
-            cfg = gguf_config(reader)
-            tok = gguf_tokenizer(reader, cfg)
-        else:
-            from engine.config import from_hf_config
-            from engine.loader.hf_loader import load_hf_tokenizer
-            import json
-
-            cfg = from_hf_config(json.loads((path / "config.json").read_text()))
-            tok = load_hf_tokenizer(path, cfg)
+        base, _adapter = split_model_adapter(model)  # BASE+ADAPTER: the base's tokenizer
+        loaded = load_tokenizer(base, progress=True)
     except EngineError as e:
         raise ConfigError(str(e)) from None
-    return tok, {"model_id": model_id, "path": str(path), "max_context": cfg.max_position,
+    tok = loaded.tokenizer
+    return tok, {"model_id": loaded.model_id, "path": str(loaded.path), "max_context": loaded.config.max_position,
                  "fingerprint": tok.fingerprint()}
 
 

@@ -13,7 +13,7 @@ from engine.attention.dense import DenseAttention
 from engine.gpu.async_decode import DecodeRow, InflightDecode, ReadyTokens, follow_up_rows
 from engine.gpu.step_buffers import StepBuffers
 from engine.kv_cache import BlockManager
-from engine.random_model import random_engine, random_model, shape_config
+from engine.testing import random_engine, random_model, shape_config
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 

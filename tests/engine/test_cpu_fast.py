@@ -144,7 +144,7 @@ def test_q4_answers_and_batches_like_alone(q4_llm):
 
 
 def tiny_model(qkv_bias: bool):
-    from engine.random_model import random_model
+    from engine.testing import random_model
 
     cfg = ModelConfig(arch="qwen2" if qkv_bias else "llama", vocab_size=96, hidden_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96, max_position=256,

@@ -91,7 +91,7 @@ def test_qk_norm_model_runs_in_bf16_mode_with_bf16_cache():
     from engine.cpu_weights import attach_cpu_weights
     from engine.kv_cache import CacheConfig, KVCache
     from engine.llm_engine import LLMEngine
-    from engine.random_model import random_model
+    from engine.testing import random_model
     from engine.sampling import SamplingParams
     from engine.scheduler import SchedulerConfig
     from tests.engine.test_parity_hf import all_logits

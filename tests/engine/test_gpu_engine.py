@@ -14,7 +14,7 @@ PROMPTS = ["Write a short poem about the sea.", "List three prime numbers. " * 1
 
 def test_fused_ops_bf16_match_reference():
     from engine.rope import RotaryEmbedding
-    from engine.random_model import shape_config
+    from engine.testing import shape_config
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x, r = (torch.randn(37, 4096, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
@@ -70,55 +70,34 @@ def test_gpu_chunked_prefill_logits_match_cpu():
 
 def test_msa_graph_decode_equals_eager_on_random_stack():
     """GraphMSAAttention: graph replay gives the eager plan path's greedy tokens and those of the plain
-    MSAAttention decode (per-layer kernel calls, the path before the graphs were wired in), bf16, one
-    request at a 3000-token context (past k blocks) with max_model_len = its page width (same plan sizes)."""
-    from benchmarks.engine_gpu.common import make_attention, random_prompt
+    MSAAttention decode with the Triton kernels (per-layer kernel calls, the path before the graphs were
+    wired in), bf16, one request at a 3000-token context (past k blocks) with max_model_len = its page
+    width (same plan sizes)."""
+    from engine.attention import GpuDenseAttention, make_attention
     from engine.attention.msa import MSAAttention
     from engine.gpu.msa_graph import GraphMSAAttention
-    from engine.random_model import random_engine, random_model, shape_config
+    from engine.testing import random_engine, random_indexer, random_model, shape_config
 
     cfg = shape_config("m3-attn", num_layers=2, hidden_size=512, intermediate_size=1024, vocab_size=1000,
                        max_position=8192)
     model = random_model(cfg, "cuda", dtype=torch.bfloat16, seed=3)
+    prompt = torch.randint(100, 999, (3000,), generator=torch.Generator().manual_seed(0)).tolist()
     toks = []
-    for kind, graphs in (("msa", True), ("msa", False), ("msa-eager", True)):
+    for eager, graphs in ((False, True), (False, False), (True, True)):
         torch.manual_seed(0)
-        attn, d_idx, layers = make_attention(cfg, kind)
-        assert type(attn) is (GraphMSAAttention if kind == "msa" else MSAAttention)
+        ix = random_indexer(cfg, "cuda")
+        if eager:  # not capturable: the engine decodes it eagerly even with graphs asked for
+            scale = cfg.head_dim ** -0.5
+            attn = MSAAttention(ix.config, ix.projections, ix.rope, cfg.num_layers, scale, GpuDenseAttention(scale),
+                                impl="triton")
+        else:
+            attn = make_attention("msa", "cuda", cfg, ix)
+        assert type(attn) is (MSAAttention if eager else GraphMSAAttention)
         eng = random_engine(model, attn, "cuda", kv_cache_tokens=16384, max_num_seqs=4, max_model_len=3072,
-                            cuda_graphs=graphs, index_dim=d_idx, index_layers=layers)
-        eng.add_request("0", random_prompt(3000, 1000, 0), SamplingParams(max_tokens=24, ignore_eos=True))
+                            cuda_graphs=graphs, index_dim=ix.config.d_idx, index_layers=ix.layers)
         got: dict[str, list[int]] = {}
-        while eng.has_unfinished():
-            for o in eng.step():
-                got.setdefault(o.request_id, []).extend(o.new_token_ids)
+        for o in eng.stream([("0", prompt, SamplingParams(max_tokens=24, ignore_eos=True))]):
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
         toks.append(got)
-        # plain MSAAttention is not capturable: the engine decodes it eagerly even with graphs asked for
-        assert (eng.graph_runner is not None and bool(eng.graph_runner.graphs)) == (kind == "msa" and graphs)
+        assert (eng.graph_runner is not None and bool(eng.graph_runner.graphs)) == (not eager and graphs)
     assert toks[0] == toks[1] == toks[2]
-
-
-def test_fused_norm_linear_bf16_and_default_model_logprobs():
-    """engine.gpu.fused_decode on real shapes in bf16 against the unfused references, and the default
-    model's teacher-forced log-probs of a 16-token prompt (one fused forward) against the unfused layers."""
-    from engine.gpu.fused_decode import attach, norm_linear
-
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for m, n, silu in ((1, 960, False), (8, 1536, True), (16, 576, False)):
-        x, d = (torch.randn(m, 576, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
-        w = torch.randn(576, device="cuda", generator=g, dtype=torch.bfloat16)
-        weight = torch.randn(2 * n if silu else n, 576, device="cuda", generator=g, dtype=torch.bfloat16) / 24
-        got = norm_linear(x, d, w, weight, 1e-5, silu=silu)
-        ref = norm_linear(x, d, w, weight, 1e-5, silu=silu, impl="torch")
-        assert torch.equal(got[1], ref[1])
-        for a, b in (got[0], ref[0]), (got[2], ref[2]):
-            assert not a.isnan().any() and (a.float() - b.float()).abs().max() <= 2e-2 * b.float().abs().max()
-    llm = LLM("smollm2-135m", device="cuda", dtype="bfloat16", kv_cache_tokens=8192, progress=False)
-    assert attach(llm.model) == llm.config.num_layers
-    ids = llm._to_ids("The capital of France is Paris, and the capital of Italy is Rome.")[:16]
-    fused = [lp for lp, _ in llm.prompt_logprobs(ids)[1:]]
-    attach(llm.model, False)
-    plain = [lp for lp, _ in llm.prompt_logprobs(ids)[1:]]
-    diffs = [abs(a - b) for a, b in zip(fused, plain)]
-    print(f"fused vs unfused log-probs over {len(diffs)} tokens: max {max(diffs):.4f}, mean {sum(diffs) / len(diffs):.4f}")
-    assert max(diffs) < 0.2 and sum(diffs) / len(diffs) < 0.05

@@ -10,7 +10,7 @@ from engine.attention.dense import DenseAttention
 from engine.attention.meta import DecodeShapes
 from engine.gpu import ops
 from engine.gpu.sampler import sample_batch
-from engine.random_model import random_engine, random_model, shape_config
+from engine.testing import random_engine, random_indexer, random_model, shape_config
 from engine.sampling import SamplingParams, sample
 
 needs_interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -83,21 +83,27 @@ def _tiny_engine(**kw):
                          max_num_seqs=4, max_num_batched_tokens=40, **kw)
 
 
-def test_decode_plan_hook_matches_sdpa_path():
-    """A decode batch through DenseDecodePlan (reference impl on the CPU) equals the SDPA path."""
+@pytest.mark.parametrize("gpu_class", [False, True])
+def test_decode_plan_hook_matches_sdpa_path(gpu_class):
+    """A decode batch through the decode-plan hook equals the per-request SDPA path: the CPU's batched
+    CpuDecodePlan, and GpuDenseAttention's DenseDecodePlan (its torch reference here) with its SDPA prefill."""
+    from engine.attention import GpuDenseAttention
+    from engine.cpu_decode import CpuDecodePlan
+
     eng = _tiny_engine()
     p = SamplingParams(max_tokens=20, ignore_eos=True)
     for i, n in enumerate((37, 5, 64)):
         eng.add_request(f"r{i}", list(range(10 + i, 10 + i + n)), p)
     while any(s.num_computed < len(s.prompt_ids) for s in eng.scheduler.running + list(eng.scheduler.waiting)):
         eng.step()
+    attn = GpuDenseAttention(16 ** -0.5, impl="torch") if gpu_class else eng.attention
     chunks = eng.scheduler.schedule()
     assert all(c.length == 1 for c in chunks) and len(chunks) == 3
     ids, pos, meta = eng._pack(chunks)
-    h_sdpa = eng.model.hidden_states(ids, pos, meta, eng.cache, eng.attention)
-    eng.attention.plan_decode(meta, eng.shapes, key="eager")
-    assert meta.decode_plan is not None
-    h_plan = eng.model.hidden_states(ids, pos, meta, eng.cache, eng.attention)
+    h_sdpa = eng.model.hidden_states(ids, pos, meta, eng.cache, attn)
+    attn.plan_decode(meta, eng.shapes, key="eager")
+    assert meta.decode_plan is not None and isinstance(meta.decode_plan, CpuDecodePlan) != gpu_class
+    h_plan = eng.model.hidden_states(ids, pos, meta, eng.cache, attn)
     assert torch.allclose(h_plan, h_sdpa, atol=1e-5, rtol=1e-4)
 
 
@@ -183,17 +189,19 @@ def test_cache_sizing_and_scratch_page():
 def test_msa_plan_hook_matches_engine_msa_decode(dense_layers):
     """GraphMSAAttention's plan path (what the graphs capture) equals MSAAttention's decode path,
     with every layer MSA and with a dense first layer (its DenseDecodePlan), as the shipped adapters have."""
-    from benchmarks.engine_gpu.common import make_attention
+    from engine.gpu.msa_graph import GraphMSAAttention
 
     cfg = shape_config("m3-attn", vocab_size=300, hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2,
                        head_dim=64, intermediate_size=96, max_position=4096)
     model = random_model(cfg, "cpu", dtype=torch.float32, seed=2)
     torch.manual_seed(0)
-    attn, d_idx, layers = make_attention(cfg, "msa", device="cpu", dtype=torch.float32, topk=4,
-                                         dense_layers=dense_layers)
-    assert layers == tuple(i for i in range(2) if i not in dense_layers)
+    ix = random_indexer(cfg, "cpu", torch.float32, topk=4, dense_layers=dense_layers)
+    assert ix.layers == tuple(i for i in range(2) if i not in dense_layers)
+    # on the CPU the plans run the kernels' torch references (impl "torch"); on a GPU make_attention builds it
+    attn = GraphMSAAttention(ix.config, ix.projections, ix.rope, cfg.num_layers, cfg.head_dim ** -0.5,
+                             DenseAttention(cfg.head_dim ** -0.5), impl="torch")
     eng = random_engine(model, attn, "cpu", kv_cache_tokens=4096, page_size=64, max_num_seqs=4,
-                        max_num_batched_tokens=1024, index_dim=d_idx, index_layers=layers)
+                        max_num_batched_tokens=1024, index_dim=ix.config.d_idx, index_layers=ix.layers)
     p = SamplingParams(max_tokens=20, ignore_eos=True)
     for i, n in enumerate((700, 90, 400)):
         eng.add_request(f"r{i}", [(7 * j + i) % 290 + 1 for j in range(n)], p)
@@ -211,64 +219,31 @@ def test_msa_plan_hook_matches_engine_msa_decode(dense_layers):
     assert meta.stats["keys_read"] == read_ref
 
 
-def test_msa_attention_class_graphs_on_cuda_only():
-    """`--attention msa` on a GPU gets the capturable GraphMSAAttention; msa-ref and the CPU keep MSAAttention."""
-    from engine.attention.msa import MSAAttention
+def test_make_attention_decides_the_class_once_per_kind_and_device():
+    """The table of engine.attention.factory: `--attention msa` on a GPU gets the capturable
+    GraphMSAAttention (Triton), on the CPU the masked-SDPA CpuMaskedMSA; msa-ref is the reference
+    MSAAttention everywhere; dense is GpuDenseAttention on a GPU. Building the objects launches nothing."""
+    from engine.attention import ATTENTION_KINDS, GpuDenseAttention, make_attention
+    from engine.attention.msa import CpuMaskedMSA, MSAAttention
+    from engine.errors import EngineError
     from engine.gpu.msa_graph import GraphMSAAttention
-    from engine.msa_setup import msa_attention_class
 
-    assert msa_attention_class("auto", torch.device("cuda")) is GraphMSAAttention
-    assert msa_attention_class("auto", "cuda:0") is GraphMSAAttention
-    assert msa_attention_class("torch", torch.device("cuda")) is MSAAttention
-    assert msa_attention_class("auto", torch.device("cpu")) is MSAAttention
-    assert not getattr(MSAAttention, "supports_cuda_graphs", False) and GraphMSAAttention.supports_cuda_graphs
-
-
-@needs_interp
-@pytest.mark.parametrize("m,with_delta,silu", [(1, False, False), (5, True, False), (16, True, True)])
-def test_norm_linear_triton_equals_reference(m, with_delta, silu):
-    from engine.gpu.fused_decode import norm_linear
-
-    g = torch.Generator().manual_seed(m)
-    k, n = 96, 40  # neither a multiple of the kernel's blocks
-    x = torch.randn(m, k, generator=g)
-    delta = torch.randn(m, k, generator=g) if with_delta else None
-    w_norm, weight = torch.randn(k, generator=g), torch.randn(2 * n if silu else n, k, generator=g) / 8
-    got = norm_linear(x, delta, w_norm, weight, 1e-5, silu=silu, impl="triton")
-    ref = norm_linear(x, delta, w_norm, weight, 1e-5, silu=silu, impl="torch")
-    assert got[0].shape == (m, n)
-    for a, b in zip(got, ref):
-        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
-    with pytest.raises(ValueError, match="M<=16"):
-        norm_linear(torch.randn(17, k), None, w_norm, weight, 1e-5, impl="triton")
-
-
-def test_fused_decode_layer_equals_the_layer_forward():
-    """The fused layer forward (its torch references on the CPU) gives the unfused layer's outputs:
-    residual, MLP output and the normed hidden the attention sees."""
-    from engine.gpu.fused_decode import fused_decode_layer
-
-    cfg = shape_config("llama-3.1-8b", vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=16, intermediate_size=96, max_position=512)
-    model = random_model(cfg, "cpu", dtype=torch.float32, seed=4)
-    eng = random_engine(model, DenseAttention(16 ** -0.5), "cpu", kv_cache_tokens=512, page_size=16)
-    eng.add_request("a", list(range(3, 40)), SamplingParams(max_tokens=4, ignore_eos=True))
-    eng.step()
-    chunks = eng.scheduler.schedule()
-    seen = []
-
-    class Spy(DenseAttention):
-        def __call__(self, layer, q, kc, vc, meta, **kw):
-            seen.append(kw["hidden"].clone())
-            return super().__call__(layer, q, kc, vc, meta, **kw)
-
-    outs = []
-    for fused in (False, True):
-        for layer in model.layers:
-            layer.fused_decode = fused_decode_layer if fused else None
-        ids, pos, meta = eng._pack(chunks)
-        outs.append(model.hidden_states(ids, pos, meta, eng.cache, Spy(16 ** -0.5)))
-    for layer in model.layers:
-        layer.fused_decode = None
-    assert torch.allclose(outs[0], outs[1], atol=1e-5, rtol=1e-5)
-    assert len(seen) == 4 and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(seen[:2], seen[2:]))
+    cfg = shape_config("m3-attn", vocab_size=300, hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2,
+                       head_dim=64, intermediate_size=96, max_position=4096)
+    ix = random_indexer(cfg, "cpu", torch.float32, topk=4)
+    got = {(k, d): make_attention(k, d, cfg, ix) for k in ATTENTION_KINDS for d in ("cpu", "cuda", "cuda:0")}
+    assert ATTENTION_KINDS == ("dense", "msa", "msa-ref")
+    assert type(got["dense", "cpu"]) is DenseAttention and type(got["dense", "cuda:0"]) is GpuDenseAttention
+    assert type(got["msa", "cpu"]) is CpuMaskedMSA and type(got["msa", "cuda"]) is GraphMSAAttention
+    assert type(got["msa-ref", "cpu"]) is type(got["msa-ref", "cuda"]) is MSAAttention
+    assert got["msa", "cuda"].impl == "triton" and got["msa-ref", "cuda"].impl == "torch"
+    assert type(got["msa", "cuda"].dense) is GpuDenseAttention and type(got["msa", "cpu"].dense) is DenseAttention
+    graphs = {k: a.supports_cuda_graphs for k, a in got.items()}
+    assert graphs == {k: k[1] != "cpu" and k[0] != "msa-ref" for k in got}
+    with pytest.raises(EngineError, match="unknown attention 'msa-oracle': use one of dense, msa, msa-ref"):
+        make_attention("msa-oracle", "cpu", cfg, ix)
+    with pytest.raises(ValueError, match="needs an MSA indexer"):
+        make_attention("msa", "cpu", cfg)
+    with pytest.raises(ValueError, match="use attention='msa-ref'"):
+        make_attention("msa", "cpu", cfg, ix, track_recall=True)
+    assert make_attention("msa-ref", "cpu", cfg, ix, track_recall=True).track_recall

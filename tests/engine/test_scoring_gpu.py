@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.attention.dense import DenseAttention
-from engine.random_model import random_engine, random_model, shape_config
+from engine.attention import make_attention
+from engine.testing import random_engine, random_model, shape_config
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
 from tests.engine.faults import faulty
@@ -23,7 +23,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _engine(model, graphs: bool):
-    return random_engine(model, DenseAttention(model.cfg.head_dim ** -0.5), "cuda", kv_cache_tokens=16384,
+    return random_engine(model, make_attention("dense", "cuda", model.cfg), "cuda", kv_cache_tokens=16384,
                          max_num_seqs=8, page_size=16, cuda_graphs=graphs)
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.server.textstream import IncrementalText
+from engine.textstream import IncrementalText
 from engine.server.toolcalls import messages_for_template, parse_tool_calls, template_supports_tools
 
 TOOLS = {"get_weather", "search"}

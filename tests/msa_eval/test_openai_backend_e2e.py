@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine import SamplingParams
+from msa_eval.backends import local as _local_backend  # noqa: F401  (the local side of the comparison)
 from msa_eval.backends.base import GenRequest
 from msa_eval.backends.factory import make_backend
 from tests.engine.serve_process import running_server
@@ -72,7 +73,6 @@ def _run(out: Path, *backend_args: str) -> dict[str, dict]:
 
 
 def test_helmet_over_http_matches_local_dense(base_url, tmp_path):
-    pytest.importorskip("msa_eval.backends.local")
     remote = _run(tmp_path / "openai", "--backend", "openai", "--base-url", base_url, "--model", MODEL)
     assert any((tmp_path / "openai" / "cache").rglob("*"))  # default response cache: <run dir>/cache
     local = _run(tmp_path / "local", "--backend", "local", "--attention", "dense")

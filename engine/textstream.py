@@ -1,11 +1,12 @@
-"""Token ids -> text deltas for streaming, with stop-string handling.
+"""Token ids -> text, cut before a stop string: the one text cutter (the server's stream, `msa-eval
+generate` and every finished request's `RequestOutput.text`).
 
-The server, not the engine, applies `stop` strings: it decodes the whole output after every
-step (`decode(ids, skip_special_tokens=True)`, the same call `LLM.generate` uses for its
-text), so a stop string spanning several tokens is found, the text is cut right before it,
-and the engine request is aborted. Text that could still be the start of a stop string, or
-that ends in an incomplete UTF-8 sequence (U+FFFD), is held back until it is decided.
-Decoding the whole output each step costs O(n^2) in output length; outputs here are short.
+The engine stops a request on a stop string (`engine.stops`); this class finds where
+the text ends: it decodes the whole output after every `add` (`decode(ids, skip_special_tokens=True)`),
+so a stop string spanning several tokens is found and the text is cut right before it. For
+streaming, text that could still be the start of a stop string, or that ends in an incomplete
+UTF-8 sequence (U+FFFD), is held back until it is decided. Decoding the whole output each step
+costs O(n^2) in output length; outputs here are short.
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Random-weight decoder stacks of real shapes, for speed and memory measurements only.
+"""Test and benchmark helpers: random-weight decoder stacks of real shapes (`random_model`), random
+MSA indexers for them (`random_indexer`, then `engine.attention.make_attention`) and an engine over
+them (`random_engine`), for speed and memory measurements and engine tests only.
 
 Timing depends on shapes, not on trained values, so these stand in for checkpoints that cannot be
 downloaded here. `llama-3.1-8b`: 32 layers, hidden 4096, 32 query / 8 KV heads of d 128, FFN
@@ -66,6 +68,24 @@ def random_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtyp
     return model.eval()
 
 
+def random_indexer(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+                   topk: int | None = None, dense_layers: tuple[int, ...] = (), shape: str = "m3-attn"):
+    """An `engine.attention.Indexer` for `cfg` with N(0, 0.02) index projections (drawn from torch's
+    global generator: seed it for repeatable picks); every layer MSA unless in `dense_layers`; block,
+    top-k from `MSA_SHAPES[shape]`, index head dim = the model's head dim."""
+    from engine.attention import Indexer
+    from engine.msa import IndexProjections, IndexRope, MSAConfig
+
+    s = MSA_SHAPES[shape]
+    msa = MSAConfig(block_size=s.block_size, topk=topk or s.topk, d_idx=cfg.head_dim, dense_layers=tuple(dense_layers))
+    proj = IndexProjections(cfg, msa)
+    with torch.no_grad():
+        for p in proj.parameters():
+            p.normal_(0.0, 0.02)
+    proj.to(device=device, dtype=dtype)
+    return Indexer(msa, proj, IndexRope(cfg, msa.d_idx, torch.device(device)))
+
+
 class _NoTokenizer:
     """Random stacks have no vocabulary: no EOS, no text (use ignore_eos and no stop strings)."""
 
@@ -79,7 +99,9 @@ def random_engine(model: CausalLM, attention, device: torch.device | str, kv_cac
                   max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                   cuda_graphs: bool = True, index_dim: int = 0, index_layers: tuple[int, ...] = (),
                   page_size: int = 128):
-    """An `LLMEngine` over a random stack (drive it with token ids through add_request / step)."""
+    """An `LLMEngine` over a random stack (drive it with token ids: `stream`, or add_request / step; read
+    results with `pop_finished`: a random stack has no text). MSA: pass the indexer's `config.d_idx`
+    and `layers` as `index_dim` / `index_layers`."""
     from engine.kv_cache import CacheConfig, KVCache
     from engine.llm_engine import LLMEngine
     from engine.scheduler import SchedulerConfig

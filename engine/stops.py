@@ -1,0 +1,28 @@
+"""The stop rule, applied by the engine after every token: EOS (unless `ignore_eos`), a stop token
+id, a stop string, or the length limit. A stop string only stops the request here; where its text
+ends is cut by `engine.textstream.IncrementalText`."""
+from __future__ import annotations
+
+from typing import Callable
+
+from engine.sequence import Sequence
+
+
+def check_stop(seq: Sequence, eos_token_ids: set[int], decode: Callable[[list[int]], str]) -> None:
+    """Mark `seq` finished ("stop" or "length") when its newest token ends it."""
+    p, tok = seq.params, seq.output_ids[-1]
+    if not p.ignore_eos and tok in eos_token_ids:
+        seq.finished, seq.finish_reason = True, "stop"
+    elif tok in p.stop_token_ids:
+        seq.finished, seq.finish_reason = True, "stop"
+    elif p.stop and stop_string_hit(seq, decode):
+        seq.finished, seq.finish_reason = True, "stop"
+    elif len(seq.output_ids) >= p.max_tokens or seq.total_len >= seq.max_len:
+        seq.finished, seq.finish_reason = True, "length"
+
+
+def stop_string_hit(seq: Sequence, decode: Callable[[list[int]], str]) -> bool:
+    # decode only a tail window: a stop string can only end in the newest text
+    longest = max(len(s) for s in seq.params.stop)
+    tail = decode(seq.output_ids[-(longest + 8):])
+    return any(s in tail for s in seq.params.stop)

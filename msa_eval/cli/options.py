@@ -1,0 +1,50 @@
+"""Click options that several commands share, each written once. The attention choices come from
+`engine.attention.kinds` (light to import: no torch); the engine settings the library used to read
+from the environment are read here, at the edge (`envvar=`), and passed down as arguments:
+`MSA_EVAL_WEIGHTS` (--weights), `MSA_EVAL_KV_TOKENS` (--kv-cache-tokens),
+`MSA_EVAL_NO_DEQUANT_CACHE` (--no-dequant-cache). A flag given on the command line wins."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from engine.attention.kinds import ATTENTION_KINDS
+
+WEIGHT_MODES = ("fp32", "bf16", "q4")  # engine.cpu_weights.WEIGHT_MODES (that module loads torch)
+
+
+def attention_option(default: str = "dense", extra: tuple[str, ...] = (), help: str | None = None) -> Callable:
+    """`--attention KIND`: the engine's attention kinds, after the command's own `extra` choices (`run`: both)."""
+    return click.option("--attention", type=click.Choice([*extra, *ATTENTION_KINDS]), default=default,
+                        show_default=True, help=help)
+
+
+def engine_options(f: Callable) -> Callable:
+    """`--weights`, `--kv-cache-tokens`, `--no-dequant-cache`: the in-process engine's settings (arguments
+    `weights`, `kv_cache_tokens`, `no_dequant_cache`; `engine_kwargs` turns them into `LLM` keywords)."""
+    opts = [
+        click.option("--weights", type=click.Choice(WEIGHT_MODES), default=None, envvar="MSA_EVAL_WEIGHTS",
+                     show_envvar=True, help="CPU weight mode: fp32 (exact), bf16, or q4 (a GGUF's 4-bit codes; "
+                                            "fastest). Default: fp32."),
+        click.option("--kv-cache-tokens", type=click.IntRange(min=0), default=None, envvar="MSA_EVAL_KV_TOKENS",
+                     show_envvar=True, help="KV cache size in tokens (default or 0: sized from free GPU memory, "
+                                            "on a CPU twice the context and at least 32768)."),
+        click.option("--no-dequant-cache", is_flag=True, envvar="MSA_EVAL_NO_DEQUANT_CACHE", show_envvar=True,
+                     help="Do not keep a GGUF's dequantized weights under $MSA_EVAL_HOME for the next load."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def engine_kwargs(weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool) -> dict[str, Any]:
+    """The `LLM` keywords of the options above that were given (an unset one keeps the engine's default)."""
+    kw: dict[str, Any] = {}
+    if weights is not None:
+        kw["weights"] = weights
+    if kv_cache_tokens:
+        kw["kv_cache_tokens"] = kv_cache_tokens
+    if no_dequant_cache:
+        kw["dequant_cache"] = False
+    return kw
