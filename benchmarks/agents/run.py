@@ -35,9 +35,9 @@ PRESETS: dict[str, Preset] = {
 def token_counter(tokenizer: str | None):
     if not tokenizer:
         return None
-    from msa_eval.runner.reference import load_reference_tokenizer
+    from engine.loader import load_tokenizer
 
-    tok, _ = load_reference_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, progress=False).tokenizer
     return lambda text: len(tok.encode(text))
 
 

@@ -49,11 +49,11 @@ def shipped_adapter() -> Path:
 
 
 def samples(cfg: Needles) -> list[dict]:
-    from engine.loader import load
+    from engine.loader import load_tokenizer
     from tasks.base import BuildSpec
     from tasks.registry import get_task
 
-    tok = load(cfg.model, progress=False).tokenizer
+    tok = load_tokenizer(cfg.model, progress=False).tokenizer
     rows = []
     for name in cfg.tasks:
         task = get_task(name)
