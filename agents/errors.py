@@ -2,10 +2,18 @@
 
 `ToolError` is the model's mistake (a bad path, a missing argument): its message goes back to
 the model as the tool result. Everything else is the harness's: typed, one line, the fix named.
+`AgentHarnessError` is `msa_common.errors.HarnessError` under its agent name, and
+`EnvironmentFailure` / `RepoWithoutTestsError` come from below too, because the repository
+fixtures (`tasks/repo`) that both task forms share raise them.
 """
 from __future__ import annotations
 
-from msa_common.errors import MsaEvalError
+from msa_common.errors import EnvironmentFailure
+from msa_common.errors import HarnessError as AgentHarnessError
+from tasks.repo.sources import RepoWithoutTestsError
+
+__all__ = ["AgentHarnessError", "EnvironmentFailure", "RepoWithoutTestsError", "ToolError", "ToolFormatError",
+           "UnknownTaskError"]
 
 
 class ToolError(Exception):
@@ -16,17 +24,5 @@ class ToolFormatError(ToolError):
     """A malformed call (unknown tool, missing or mistyped argument): counts as a format error."""
 
 
-class AgentHarnessError(MsaEvalError):
-    """The harness failed (bad config, unknown task, unreadable trajectory)."""
-
-
-class EnvironmentFailure(AgentHarnessError):
-    """The task environment itself broke (workspace creation, git, test runner)."""
-
-
 class UnknownTaskError(AgentHarnessError):
     """A task id that is not in the suite."""
-
-
-class RepoWithoutTestsError(AgentHarnessError):
-    """A source repository with no test files, so nothing can verify a solution."""

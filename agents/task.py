@@ -38,7 +38,3 @@ class AgentTask:
     def gold(self) -> list[dict[str, Any]]:
         """The oracle's actions: [{"name": tool, "arguments": {...}}, ...], ending with submit."""
         return self.spec["gold"]
-
-
-def short_hash(*parts: Any) -> str:
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:8]

@@ -1,35 +1,13 @@
-"""Helpers shared by the coding families: materialise a task's repository, profile a test
-baseline (run twice, flaky tests dropped), apply setup edits, and build unique-context edits."""
+"""Helpers shared by the coding families: open a task's workspace (local or container),
+compare code formatting-insensitively, and read files back from a workspace. The repository
+fixtures both task forms share (materialise, baseline, edits) are in `tasks/repo/fixtures.py`."""
 from __future__ import annotations
 
-import ast
 import io
 import tokenize
 from pathlib import Path
-from typing import Any
 
-from agents.errors import AgentHarnessError, EnvironmentFailure
 from agents.sandbox import Workspace
-from agents.sources import load_pinned
-from agents.testing import run_unittests
-
-
-def apply_edits(files: dict[str, str], edits: list[dict[str, str]]) -> dict[str, str]:
-    """Apply [{"path", "old", "new"}] edits (each `old` must occur exactly once)."""
-    out = dict(files)
-    for e in edits:
-        text = out[e["path"]]
-        if text.count(e["old"]) != 1:
-            raise AgentHarnessError(f"setup edit for {e['path']} does not match its source; regenerate the suite")
-        out[e["path"]] = text.replace(e["old"], e["new"], 1)
-    return out
-
-
-def materialize(spec: dict[str, Any]) -> dict[str, str]:
-    """The task repository: pinned source files + extra files + setup edits."""
-    files = load_pinned(spec["files"])
-    files.update(spec.get("extra_files", {}))
-    return apply_edits(files, spec.get("setup", []))
 
 
 def open_workspace(files: dict[str, str], container: bool = False) -> Workspace:
@@ -42,32 +20,6 @@ def open_workspace(files: dict[str, str], container: bool = False) -> Workspace:
     return Workspace(files)
 
 
-def stable_baseline(files: dict[str, str], modules: list[str], timeout_s: float) -> tuple[set[str], set[str]]:
-    """(tests passing in both of two baseline runs, flaky tests). Raises if nothing passes."""
-    with Workspace(files) as ws:
-        a, r1 = run_unittests(ws, modules, timeout_s)
-        b, _ = run_unittests(ws, modules, timeout_s)
-    ok_a = {t for t, o in a.items() if o == "pass"}
-    ok_b = {t for t, o in b.items() if o == "pass"}
-    flaky = {t for t in set(a) | set(b) if a.get(t) != b.get(t)}
-    if not ok_a & ok_b:
-        raise EnvironmentFailure(f"baseline tests of {modules} do not pass here: {r1.output[-300:]}")
-    return ok_a & ok_b, flaky
-
-
-def unique_context(text: str, line_no: int, min_lines: int = 1) -> str:
-    """The smallest block of whole lines around 1-based `line_no` that occurs once in `text`."""
-    lines = text.splitlines(keepends=True)
-    lo = hi = line_no - 1
-    while True:
-        block = "".join(lines[lo:hi + 1])
-        if hi - lo + 1 >= min_lines and text.count(block) == 1:
-            return block
-        if lo == 0 and hi == len(lines) - 1:
-            return text
-        lo, hi = max(lo - 1, 0), min(hi + 1, len(lines) - 1)
-
-
 def code_tokens(text: str) -> list[tuple[int, str]]:
     """Token stream without layout and comments (formatting-insensitive comparison)."""
     skip = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT,
@@ -76,14 +28,6 @@ def code_tokens(text: str) -> list[tuple[int, str]]:
         return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type not in skip]
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return [(-1, text)]
-
-
-def parses(text: str) -> bool:
-    try:
-        ast.parse(text)
-        return True
-    except SyntaxError:
-        return False
 
 
 def workspace_files(ws: Workspace, rels: list[str]) -> dict[str, str]:

@@ -22,9 +22,10 @@ from agents.env import Environment, Grade
 from agents.errors import ToolError, ToolFormatError
 from agents.families.base import Family, validate
 from agents.families.ledger_db import LedgerFacts, build_facts
-from agents.sources import package_files, pin, stdlib_dir
-from agents.task import AgentTask, short_hash
+from agents.task import AgentTask
 from agents.tools import SUBMIT_SPEC, require, spec
+from tasks.repo.fixtures import short_hash
+from tasks.repo.sources import package_files, pin, stdlib_dir
 
 PAGE = 10
 FIRST_TICKET = 1001

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from agents.sources import load_pinned
+from tasks.repo.sources import load_pinned
 
 OWNERS = ("ada", "grace", "linus", "guido", "barbara", "ken", "dennis", "margaret", "edsger", "donald",
           "frances", "john")

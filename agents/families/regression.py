@@ -5,38 +5,25 @@ Kept only if the mutated module parses, at least one test that passed in both ba
 now fails (fail-to-pass, F2P), no more than `max_f2p` do, and validation holds (gold = the
 reverse edit scores 1, the untouched workspace scores 0). Graded on a fresh copy with the
 agent's diff applied to non-test files only (tests are restored from pristine): score 1 when
-every F2P and every pass-to-pass (P2P) test passes; details report FULL/PARTIAL/NO.
+every F2P and every pass-to-pass (P2P) test passes; details report FULL/PARTIAL/NO. The bug
+search and the spec are shared with the single-prompt form (`tasks/repo/bugs.py`).
 """
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
-from typing import Any
 
 from agents.env import Grade, WorkspaceEnvironment
-from agents.errors import AgentHarnessError
 from agents.families.base import Family, validate
-from agents.families.common import materialize, open_workspace, parses, stable_baseline, unique_context
-from agents.families.mutate import candidates, seeded_order
+from agents.families.common import open_workspace
 from agents.sandbox import Workspace
-from agents.sources import pin, stdlib_dir, user_repo
-from agents.task import AgentTask, short_hash
-from agents.testing import TestReport, run_unittests, summarize_failures
-
-# Pure-Python stdlib modules with fast, self-contained unittest files; none is imported by the
-# unittest runner itself (so a mutation cannot break the harness).
-DEFAULT_MODULES = ("fractions", "shlex", "colorsys", "string", "configparser", "getopt", "quopri", "base64")
-TEST_TIMEOUT_S = 120.0
-
-
-def stdlib_repo(module: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(pinned files, extra files, test modules) of one stdlib module and its test file."""
-    lib = stdlib_dir()
-    src, test = lib / f"{module}.py", lib / "test" / f"test_{module}.py"
-    if not src.is_file() or not test.is_file():
-        raise AgentHarnessError(f"stdlib module {module!r} or its test file is missing; pick another module")
-    return pin({f"{module}.py": src, f"tests/test_{module}.py": test}), {"tests/__init__.py": ""}, [f"tests.test_{module}"]
+from agents.task import AgentTask
+from agents.testing import summarize_failures
+from tasks.repo.bugs import (DEFAULT_MODULES, TEST_TIMEOUT_S, Baseline, Bug, first_bug, first_failure, hash_seed,
+                             regression_spec, stdlib_baseline)
+from tasks.repo.fixtures import materialize, short_hash, stable_baseline
+from tasks.repo.sources import pin, user_repo
+from tasks.repo.unittests import TestReport, run_unittests
 
 
 class RegressionRepair(Family):
@@ -52,15 +39,13 @@ class RegressionRepair(Family):
         random.Random(seed).shuffle(mods)
         tasks: list[AgentTask] = []
         used: set[tuple[str, int, str]] = set()
-        baselines: dict[str, tuple] = {}
+        baselines: dict[str, Baseline] = {}
         for i in range(n * 3):
             if len(tasks) == n:
                 break
             module = mods[i % len(mods)]
             if module not in baselines:
-                pinned, extra, tmods = stdlib_repo(module)
-                files = materialize({"files": pinned, "extra_files": extra})
-                baselines[module] = (pinned, extra, tmods, files, *stable_baseline(files, tmods, TEST_TIMEOUT_S))
+                baselines[module] = stdlib_baseline(module)
             task = self._one(seed, i, module, baselines[module], used, hint, max_f2p, max_tries)
             if task is not None:
                 tasks.append(task)
@@ -79,56 +64,37 @@ class RegressionRepair(Family):
             if len(tasks) == n or not paths:
                 break
             path = paths[i % len(paths)]
-            base = (pinned, {}, tmods, files, stable, flaky)
+            base = Baseline(pinned, {}, tmods, files, stable, flaky)
             t = self._one(seed, i, path[:-3].replace("/", "."), base, used, hint, max_f2p, max_tries, path, "")
             if t is not None:
                 tasks.append(t)
         return tasks
 
-    def _one(self, seed, i, module, base, used, hint, max_f2p, max_tries, path=None, test_dir="tests/") -> AgentTask | None:
-        pinned, extra, tmods, files, stable, _flaky = base
-        path = path or f"{module}.py"
-        with Workspace(files) as ws:
-            for m in seeded_order(candidates(files[path]), hash_seed(seed, module, i))[:max_tries]:
-                if (module, m.line, m.after) in used:
-                    continue
-                mutated = files[path].replace(m.before, m.after, 1) if files[path].count(m.before) == 1 else None
-                if mutated is None:
-                    old = unique_context(files[path], m.line)
-                    mutated = files[path].replace(old, old.replace(m.before, m.after, 1), 1)
-                if not parses(mutated):
-                    continue
-                (ws.root / path).write_text(mutated)
-                outcomes, res = run_unittests(ws, tmods, TEST_TIMEOUT_S)
-                (ws.root / path).write_text(files[path])
-                f2p = sorted(t for t in stable if outcomes.get(t) != "pass")
-                if not outcomes or not 1 <= len(f2p) <= max_f2p:
-                    continue
-                p2p = sorted(stable - set(f2p))
-                task = self._task(seed, module, path, pinned, extra, tmods, files, mutated, m, f2p, p2p, outcomes, res, hint)
-                if task is not None and not test_dir:  # user repo: tests are the test_*.py files
-                    task.spec["test_dir"] = None
-                    task.spec["test_files"] = sorted(r for r in files if Path(r).name.startswith("test_"))
-                if task is not None and validate(self, task) == {"gold": 1.0, "empty": 0.0}:
-                    used.add((module, m.line, m.after))
-                    return task
-        return None
+    def _one(self, seed, i, module, base: Baseline, used, hint, max_f2p, max_tries, path=None,
+             test_dir="tests/") -> AgentTask | None:
+        def accept(bug: Bug) -> AgentTask | None:
+            task = self._task(seed, bug, base, hint)
+            if task is not None and not test_dir:  # user repo: tests are the test_*.py files
+                task.spec["test_dir"] = None
+                task.spec["test_files"] = sorted(r for r in base.files if Path(r).name.startswith("test_"))
+            return task if task is not None and validate(self, task) == {"gold": 1.0, "empty": 0.0} else None
 
-    def _task(self, seed, module, path, pinned, extra, tmods, files, mutated, m, f2p, p2p, outcomes, res, hint):
-        bad_block = unique_context(mutated, m.line)
-        good_block = bad_block.replace(m.after, m.before, 1)
-        if files[path].count(good_block) != 1:
+        return first_bug(base, module, path or f"{module}.py", hash_seed(seed, module, i), used, accept,
+                         max_f2p, max_tries)
+
+    def _task(self, seed: int, bug: Bug, base: Baseline, hint: int) -> AgentTask | None:
+        setup = bug.setup_edit(base.files[bug.path])
+        if setup is None:
             return None
-        setup = [{"path": path, "old": good_block, "new": bad_block}]
+        m, path = bug.mutation, bug.path
         gold = [{"name": "run_tests", "arguments": {}}, {"name": "read_file", "arguments": {"path": path}},
-                {"name": "str_replace", "arguments": {"path": path, "old_str": bad_block, "new_str": good_block}},
+                {"name": "str_replace", "arguments": {"path": path, "old_str": setup["new"], "new_str": setup["old"]}},
                 {"name": "run_tests", "arguments": {}}, {"name": "submit", "arguments": {"answer": ""}}]
-        spec = {"files": pinned, "extra_files": extra, "setup": setup, "test_modules": tmods, "test_dir": "tests/",
-                "f2p": f2p, "p2p": p2p, "gold": gold,
-                "mutation": {"op": m.op, "path": path, "line": m.line, "function": m.function}}
-        tid = f"{self.name}-{module}-{short_hash(seed, module, m.line, m.after)}"
-        return AgentTask(tid, self.name, self.version, seed, instruction(hint, f2p, res.output, m.op, m.function, path),
-                         spec, {"max_steps": 30}, {"module": module, "op": m.op, "f2p": len(f2p), "p2p": len(p2p), "hint": hint})
+        spec = regression_spec(bug, base, setup, gold=gold)
+        tid = f"{self.name}-{bug.module}-{short_hash(seed, bug.module, m.line, m.after)}"
+        return AgentTask(tid, self.name, self.version, seed, instruction(hint, bug.f2p, bug.output, m.op, m.function, path),
+                         spec, {"max_steps": 30}, {"module": bug.module, "op": m.op, "f2p": len(bug.f2p),
+                                                   "p2p": len(bug.p2p), "hint": hint})
 
     def environment(self, task: AgentTask, container: bool = False) -> WorkspaceEnvironment:
         ws = open_workspace(materialize(task.spec), container)
@@ -168,16 +134,3 @@ def instruction(hint: int, f2p: list[str], output: str, op: str, function: str, 
         return head + f"Symptom: a wrong {op.replace('-', ' ')} in function `{function}` of `{path}`."
     shown = "\n".join(f"- {t}" for t in f2p[:10]) + (f"\n- ... ({len(f2p) - 10} more)" if len(f2p) > 10 else "")
     return head + f"Failing tests:\n{shown}\n\nFirst failure:\n{first_failure(output)}"
-
-
-def first_failure(output: str, limit: int = 1500) -> str:
-    """The first traceback block of a unittest run, with addresses and timings removed."""
-    m = re.search(r"^(?:FAIL|ERROR): .*?(?=^=====|^-{20,}\nRan |\Z)", output, re.S | re.M)
-    text = m.group(0) if m else output[:limit]
-    text = re.sub(r"0x[0-9a-fA-F]+", "0x...", text)
-    text = re.sub(r'File "[^"]*/(repo/)?', 'File "', text)
-    return text.strip()[:limit]
-
-
-def hash_seed(*parts: Any) -> int:
-    return int(short_hash(*parts), 16)

@@ -26,11 +26,13 @@ from typing import Any
 from agents.env import Grade, WorkspaceEnvironment
 from agents.errors import AgentHarnessError
 from agents.families.base import Family, validate
-from agents.families.common import code_tokens, materialize, open_workspace, stable_baseline, unique_context, workspace_files
+from agents.families.common import code_tokens, open_workspace, workspace_files
 from agents.sandbox import Workspace
-from agents.sources import package_files, pin, stdlib_dir
-from agents.task import AgentTask, short_hash
-from agents.testing import TestReport, passed, run_unittests, summarize_failures
+from agents.task import AgentTask
+from agents.testing import summarize_failures
+from tasks.repo.fixtures import materialize, short_hash, stable_baseline, unique_context
+from tasks.repo.sources import package_files, pin, stdlib_dir
+from tasks.repo.unittests import TestReport, passed, run_unittests
 
 PACKAGE = "lib2to3"
 TEST_MODULES = ["lib2to3.tests.test_fixers", "lib2to3.tests.test_util", "lib2to3.tests.test_pytree"]

@@ -5,6 +5,12 @@
   repo_regression  family `regression`: the buggy module plus real source as distractors; the model
                    answers with a SEARCH/REPLACE edit, graded by the module's real tests
 
-The same generators and verifiers as the agent families (`agents/families`), so the agentic
-and single-prompt modes of one task compare directly.
+The repository fixtures live here and the agent families (`agents/families`) build on them, so
+the agentic and single-prompt modes of one task compare directly:
+
+  sources.py   real code pinned by SHA-256 (the stdlib and its tests, or a user repository)
+  fixtures.py  materialise a task's repository, profile a test baseline, unique-context edits
+  corpus.py    the needle corpus and needles
+  mutate.py    seeded single-site AST bugs; bugs.py: the regressions built from them, and grading
+  workdir.py   a temporary repository copy and a command runner; unittests.py: per-test outcomes
 """

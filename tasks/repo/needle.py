@@ -15,13 +15,12 @@ from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
 from tasks.common import depth_for, finish, first_line, rng_for
 from tasks.fitting import cut_to_tokens, fit_parts
 from tasks.repo.context import distractors, excerpt, place
+from tasks.repo.corpus import corpus_files, find_needles, strip_docstring
+from tasks.repo.fixtures import materialize
 
 
 @lru_cache(maxsize=2)
 def _corpus() -> tuple[dict[str, str], tuple]:
-    from agents.families.common import materialize
-    from agents.families.needle import corpus_files, find_needles
-
     files = materialize({"files": corpus_files()})
     return files, tuple(find_needles(files))
 
@@ -35,8 +34,6 @@ class RepoNeedle(Task):
     description = "name the stdlib function matching a description, inside T tokens of real source"
 
     def build(self, index: int, spec: BuildSpec) -> Sample:
-        from agents.families.needle import strip_docstring
-
         files, needles = _corpus()
         rng, seed = rng_for(self, spec, index)
         nd = needles[rng.randrange(len(needles))]

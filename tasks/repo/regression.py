@@ -1,37 +1,60 @@
 """repo_regression: the single-prompt form of family `regression` (regression repair).
 
-One family-A task per sample (a seeded AST bug in a real stdlib module, validated: gold
-scores 1, untouched scores 0). The prompt holds the failing tests' first traceback, the buggy
+One regression per sample: the seeded AST bug in a real stdlib module that the agent family
+finds for the same seed and module (`tasks/repo/bugs.py`), validated (the fixed repository
+passes its fail-to-pass and pass-to-pass tests, the buggy one does not). The prompt holds the failing tests' first traceback, the buggy
 module (whole, or an excerpt around the buggy function when it would not fit half the
 budget) at the sample's depth among real-source distractor chunks, fitted to T tokens. The
 model answers with SEARCH/REPLACE blocks; the edit is applied to the module and graded by the
-same verifier as the agent form (fail-to-pass and pass-to-pass tests, tests restored).
+same tests as the agent form (fail-to-pass and pass-to-pass, on pristine test files).
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
+from tasks.base import BuildSpec, PromptParts, Sample, Task, TaskError, failed_score
 from tasks.common import depth_for, finish, rng_for
 from tasks.fitting import cut_to_tokens, fit_parts
+from tasks.repo.bugs import Bug, first_bug, first_failure, grade_files, hash_seed, regression_spec, stdlib_baseline
 from tasks.repo.context import distractors, excerpt, place
+from tasks.repo.fixtures import materialize, short_hash
 
 MODULES = ("colorsys", "fractions", "shlex", "string", "getopt", "quopri")
 _BLOCK = re.compile(r"<{5,9} ?SEARCH\n(.*?)\n?={5,9}\n(.*?)\n?>{5,9} ?REPLACE", re.S)
 
 
+@dataclass(frozen=True)
+class Case:
+    id: str  # the id of the agent family's task for the same seed and module
+    spec: dict[str, Any]  # files, setup edit, test modules, F2P, P2P, mutation
+    first_failure: str  # the first traceback of the buggy module's tests
+
+
 @lru_cache(maxsize=64)
-def agent_task(seed: int, module: str):
-    from agents.families.regression import RegressionRepair
+def regression_case(seed: int, module: str) -> Case:
+    """The regression the agent family generates for `seed` and `[module]` (the same three
+    seeded tries), validated here by running the tests on the fixed and the buggy repository."""
+    base = stdlib_baseline(module)
 
-    tasks = RegressionRepair().generate(seed, 1, modules=[module])
-    if not tasks:
-        from tasks.base import TaskError
+    def accept(bug: Bug) -> Case | None:
+        setup = bug.setup_edit(base.files[bug.path])
+        if setup is None:
+            return None
+        spec = regression_spec(bug, base, setup)
+        if grade_files(base.files, spec).resolved != "FULL" or grade_files(materialize(spec), spec).resolved == "FULL":
+            return None
+        m = bug.mutation
+        return Case(f"regression-{module}-{short_hash(seed, module, m.line, m.after)}", spec, first_failure(bug.output))
 
-        raise TaskError(f"no valid regression for module {module} at seed {seed}; use another seed")
-    return tasks[0]
+    used: set[tuple[str, int, str]] = set()
+    for i in range(3):
+        case = first_bug(base, module, f"{module}.py", hash_seed(seed, module, i), used, accept)
+        if case is not None:
+            return case
+    raise TaskError(f"no valid regression for module {module} at seed {seed}; use another seed")
 
 
 def parse_edits(output: str) -> list[tuple[str, str]]:
@@ -50,11 +73,9 @@ class RepoRegression(Task):
         self.modules = tuple(modules)
 
     def build(self, index: int, spec: BuildSpec) -> Sample:
-        from agents.families.common import materialize
-
         rng, seed = rng_for(self, spec, index)
         module = self.modules[index % len(self.modules)]
-        task = agent_task(spec.seed + index, module)
+        task = regression_case(spec.seed + index, module)
         files = materialize(task.spec)
         path, line = task.spec["mutation"]["path"], task.spec["mutation"]["line"]
         code = f"# ---- file: {path} ----\n{files[path]}"
@@ -69,7 +90,7 @@ class RepoRegression(Task):
         before = ("A bug was introduced in the library module below; its tests now fail. Other repository code is "
                   "included for reference.\n\n")
         after = ("\n\nFailing tests:\n" + "\n".join(task.spec["f2p"][:10]) + "\n\nFirst failure:\n"
-                 + first_failure_text(task) + f"\n\nFix the bug in {path}. Answer with one edit in exactly this format:\n"
+                 + task.first_failure + f"\n\nFix the bug in {path}. Answer with one edit in exactly this format:\n"
                  "<<<<<<< SEARCH\n<exact lines from the file>\n=======\n<replacement lines>\n>>>>>>> REPLACE")
 
         def make(n: int, tail: int) -> PromptParts:
@@ -83,14 +104,10 @@ class RepoRegression(Task):
                       agent_seed=spec.seed + index, path=path, op=task.spec["mutation"]["op"])
 
     def score(self, sample: Sample, output: str | None) -> dict[str, Any]:
-        from agents.families.common import materialize
-        from agents.families.regression import grade_on_fresh_copy
-        from agents.sandbox import Workspace
-
         edits = parse_edits(output or "")
         if not edits:
             return failed_score(self.metric)
-        task = agent_task(sample.metadata["agent_seed"], sample.metadata["module"])
+        task = regression_case(sample.metadata["agent_seed"], sample.metadata["module"])
         path = sample.metadata["path"]
         files = materialize(task.spec)
         text = files[path]
@@ -99,15 +116,9 @@ class RepoRegression(Task):
                 return {"score": 0.0, "metric": self.metric, "parsed": output, "extraction_failed": False,
                         "edit_applied": 0.0}
             text = text.replace(old, new, 1)
-        with Workspace(files) as ws:  # baseline = the buggy repo, so the diff is the model's edit
-            (ws.root / path).write_text(text, encoding="utf-8")
-            g = grade_on_fresh_copy(task, ws)
-        return {"score": g.score, "metric": self.metric, "parsed": output, "extraction_failed": False, "edit_applied": 1.0}
-
-
-def first_failure_text(task) -> str:
-    m = re.search(r"First failure:\n(.*)", task.instruction, re.S)
-    return m.group(1) if m else ""
+        files[path] = text  # only the module changes; the tests are the spec's own
+        score = 1.0 if grade_files(files, task.spec).resolved == "FULL" else 0.0
+        return {"score": score, "metric": self.metric, "parsed": output, "extraction_failed": False, "edit_applied": 1.0}
 
 
 @lru_cache(maxsize=1)

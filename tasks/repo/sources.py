@@ -1,4 +1,5 @@
-"""Real code on this machine that tasks are generated from, pinned by SHA-256.
+"""Real code on this machine that repository tasks (single-prompt and agentic) are generated
+from, pinned by SHA-256.
 
 The default source is the CPython standard library with its test suite (`Lib/test`); some
 distributions strip `test`, in which case `stdlib_dir()` raises naming the fix (install the
@@ -11,13 +12,17 @@ import hashlib
 import sysconfig
 from pathlib import Path
 
-from agents.errors import AgentHarnessError, RepoWithoutTestsError
+from msa_common.errors import HarnessError
+
+
+class RepoWithoutTestsError(HarnessError):
+    """A source repository with no test files, so nothing can verify a solution."""
 
 
 def stdlib_dir() -> Path:
     d = Path(sysconfig.get_paths()["stdlib"])
     if not (d / "test" / "support" / "__init__.py").is_file():
-        raise AgentHarnessError(f"the standard library test suite is missing under {d}/test; "
+        raise HarnessError(f"the standard library test suite is missing under {d}/test; "
                                 "install your distribution's python3 test package or use --source PATH")
     return d
 
@@ -38,7 +43,7 @@ def load_pinned(pinned: dict[str, dict[str, str]]) -> dict[str, str]:
         p = Path(info["path"])
         data = p.read_bytes() if p.is_file() else b""
         if hashlib.sha256(data).hexdigest() != info["sha256"]:
-            raise AgentHarnessError(f"source file {p} changed or vanished since the task was generated; "
+            raise HarnessError(f"source file {p} changed or vanished since the task was generated; "
                                     "regenerate the suite (delete its cache or pass --regenerate)")
         out[rel] = data.decode("utf-8")
     return out
@@ -57,7 +62,7 @@ def package_files(pkg_dir: Path, prefix: str) -> dict[str, Path]:
 def user_repo(path: Path) -> tuple[dict[str, Path], list[str]]:
     """(files, test modules) of a user directory; no test files -> RepoWithoutTestsError."""
     if not path.is_dir():
-        raise AgentHarnessError(f"source path {path} is not a directory; pass a repository root")
+        raise HarnessError(f"source path {path} is not a directory; pass a repository root")
     files = {f.relative_to(path).as_posix(): f for f in sorted(path.rglob("*.py"))
              if "__pycache__" not in f.parts and not any(p.startswith(".") for p in f.relative_to(path).parts)}
     tests = [r for r in files if Path(r).name.startswith("test_")]
