@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kernels.sparse_prefill.rare_items import build_rare_items, max_rare_items, rare_items_reference
+from kernels.testing import make_page_table
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -26,8 +27,7 @@ def test_rare_items_match_reference(q_lens, hkv, topk, max_pages, tile_q, fill):
     rare = _rare_ids(t, hkv, topk, max_pages, fill, gen)
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     n_req = len(q_lens)
-    page_table = torch.randperm(n_req * max_pages * 2, generator=gen)[:n_req * max_pages].view(n_req, max_pages)
-    page_table = page_table.to(torch.int32)
+    page_table = make_page_table(n_req, max_pages, n_req * max_pages * 2, gen)
     items = build_rare_items(rare.to(DEV), page_table.to(DEV), cu.to(DEV), tile_q)
     ref = rare_items_reference(rare, cu, tile_q)
     starts = items.round_start.cpu().tolist()
