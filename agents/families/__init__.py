@@ -23,9 +23,6 @@ FAMILIES = Registry(
         f"unknown task family {asked!r}; families are {', '.join(names)} (or their letters A-D)"),
 )
 
-LETTERS = {name: letter.upper() for letter, name in FAMILIES.aliases.items()}  # "regression" -> "A"
-
-
 def family_names() -> list[str]:
     return list(FAMILIES.names())
 
