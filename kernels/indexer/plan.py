@@ -3,7 +3,7 @@
 The implementation follows ``resolve_impl`` (Triton on CUDA, the fp32 torch reference on CPU); the
 Triton kernel takes a tile of ``128 / H`` tokens x ``H`` index heads per program (128 MMA rows, so
 each key page is loaded once for the whole tile), 8 warps and 3 pipeline stages (measured on the
-H200: 256-row tiles and 2 stages were no faster, see ``benchmarks/kernels/CHANGELOG.md``).
+H200: 256-row tiles and 2 stages were no faster, see ``benchmarks/CHANGELOG.md``).
 """
 from __future__ import annotations
 

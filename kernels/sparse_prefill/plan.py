@@ -4,7 +4,7 @@ From the inputs' sizes, dtype and contiguity (``PrefillShape``), the device (``D
 caller's overrides (``TileConfig``) it picks the kernel, the rare-block pass, the tile and step sizes,
 warps, stages and persistent grids; the launchers (``launch.py``) run the plan and decide nothing.
 The defaults are what measured fastest on an H200 (M3 shape, real selections; the current numbers
-in ``benchmarks/kernels/RESULTS.md``, what lost in ``benchmarks/kernels/CHANGELOG.md``).
+in ``benchmarks/kernels/RESULTS.md``, what lost in ``benchmarks/CHANGELOG.md``).
 
 | where | tile kernel | rare pass |
 | --- | --- | --- |
