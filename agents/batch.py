@@ -17,12 +17,13 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from agents.config import AgentConfig, TERMINAL_STATUSES
+from agents.config import TERMINAL_STATUSES, AgentConfig
 from agents.errors import AgentHarnessError
 from agents.families import canonical_task_id
 from agents.run_one import run_task

@@ -25,7 +25,7 @@ class AgentLimits:
     max_observation_chars: int = 20_000
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AgentLimits":
+    def from_dict(cls, d: dict[str, Any]) -> AgentLimits:
         known = {f.name for f in fields(cls)}
         bad = set(d) - known
         if bad:

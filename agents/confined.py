@@ -17,8 +17,8 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from agents.errors import ToolError
 
@@ -242,7 +242,7 @@ def read_upto(fd: int, limit: int) -> bytes:
     return bytes(out)
 
 
-def numbered_lines(f, segment_bytes: int) -> Iterator[tuple[int, bytes]]:  # noqa: ANN001 - a binary file object
+def numbered_lines(f, segment_bytes: int) -> Iterator[tuple[int, bytes]]:
     with f:
         n = 1
         while seg := f.readline(segment_bytes):

@@ -12,8 +12,9 @@ The full history is always kept (and written to the trajectory); a policy only b
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 POLICIES = ("none", "truncate-observations", "summarize")
 SUMMARY_REQUEST = "[msa-eval summarize request]"

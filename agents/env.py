@@ -6,8 +6,9 @@ family `ledger` brings its own in-process API. The loop only sees this interface
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from agents.sandbox import Workspace
 from agents.tools import WorkspaceTools

@@ -76,7 +76,7 @@ class AgentLoop:
         return self._finish(st, status, error, time.monotonic() - t_start)
 
     # -- one step -------------------------------------------------------------
-    def _step(self, st: "_State", t_start: float) -> str | None:
+    def _step(self, st: _State, t_start: float) -> str | None:
         view, events = self.policy.view(self.history, self.n_initial, self._count, self.lim.context_window,
                                         self._summarize)
         for ev in events:

@@ -37,7 +37,7 @@ class OraclePolicy:
         """Continue after the gold actions already taken in a resumed trajectory."""
         self.i = sum(len(s["response"]["tool_calls"]) for s in steps)
 
-    def generate(self, requests):  # noqa: ANN001 - single-prompt tasks use `answers`, not this
+    def generate(self, requests):
         raise BackendError("the oracle policy only drives agent tasks (chat with tools)")
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

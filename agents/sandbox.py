@@ -94,7 +94,7 @@ class Workspace(WorkDir):
         if r.returncode != 0:
             raise ToolError(f"patch does not apply: {r.stderr.strip()[:300]}")
 
-    def __enter__(self) -> "Workspace":
+    def __enter__(self) -> Workspace:
         return self
 
 

@@ -26,7 +26,7 @@ SKIP_SUFFIXES = (".pyc", ".pickle")
 TEXT_CHARS = 200  # of each hit line
 
 
-def search(fs: ConfinedFS, rel: str, rx: re.Pattern, max_hits: int, out) -> None:  # noqa: ANN001 - text stream
+def search(fs: ConfinedFS, rel: str, rx: re.Pattern, max_hits: int, out) -> None:
     hits = skipped = 0
     for path in fs.walk(rel):
         if path.endswith(SKIP_SUFFIXES):

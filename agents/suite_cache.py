@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -43,7 +43,7 @@ _FROM = re.compile(r"^[ \t]*from[ \t]+([A-Za-z_][\w.]*)[ \t]+import[ \t]+(\([^)]
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n#]*)", re.M)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _imports(path: Path) -> list[str]:
     """The absolute imports in a file, at any depth, as module names (a line-based scan: a
     docstring line that looks like an import only adds a file to the hash)."""
@@ -54,7 +54,7 @@ def _imports(path: Path) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _code_hash(family: str) -> str:
     """SHA-256 over the family module and every module of ours it imports, transitively (read
     statically, so the key does not depend on what this process happened to import)."""

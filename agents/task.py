@@ -31,7 +31,7 @@ class AgentTask:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AgentTask":
+    def from_dict(cls, d: dict[str, Any]) -> AgentTask:
         return cls(**d)
 
     @property

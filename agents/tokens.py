@@ -8,7 +8,8 @@ Provider-reported prompt tokens, when present, always win for usage and peak con
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TokenFn = Callable[[str], int]
 

@@ -12,8 +12,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agents.errors import EnvironmentFailure, ToolError, ToolFormatError
 from agents.sandbox import Workspace

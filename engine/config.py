@@ -23,7 +23,7 @@ class RopeScaling:
     attention_factor: float | None = None  # yarn mscale override
 
     @staticmethod
-    def from_hf(d: dict[str, Any] | None, max_pos: int) -> "RopeScaling":
+    def from_hf(d: dict[str, Any] | None, max_pos: int) -> RopeScaling:
         if not d:
             return RopeScaling()
         kind = d.get("rope_type") or d.get("type") or "default"

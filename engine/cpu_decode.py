@@ -66,7 +66,7 @@ class CpuDecodePlan:
     scale: float
 
     @staticmethod
-    def build(meta: AttentionMeta, num_kv_heads: int, page_size: int, scale: float) -> "CpuDecodePlan":
+    def build(meta: AttentionMeta, num_kv_heads: int, page_size: int, scale: float) -> CpuDecodePlan:
         lens = torch.as_tensor(meta.kv_lens, dtype=torch.long)
         s = int(max(meta.kv_lens))
         pt = meta.page_table_host if meta.page_table_host is not None else meta.page_table.cpu()

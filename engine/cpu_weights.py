@@ -22,7 +22,7 @@ a GPU runs its `dtype`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Iterator, Sequence as Seq
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.meta import AttentionMeta
-from engine.cpu_decode import cache_rows, rope_and_write
 from engine.config import ModelConfig
-from engine.gpu.ops import rms_norm as rms_norm_op, rms_norm_ref, rope_cache, silu_mul
+from engine.cpu_decode import cache_rows, rope_and_write
+from engine.gpu.ops import rms_norm as rms_norm_op
+from engine.gpu.ops import rms_norm_ref, rope_cache, silu_mul
 from engine.kv_cache import KVCache
 from engine.rope import RotaryEmbedding, apply_rope
 

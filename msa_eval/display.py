@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -68,15 +69,21 @@ class RunProgress:
     """Rich progress bar per backend; called by the runner as progress(event, **info)."""
 
     def __init__(self) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._p = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                            TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
                            transient=False)
         self._ids: dict[str, Any] = {}
 
-    def __enter__(self) -> "RunProgress":
+    def __enter__(self) -> RunProgress:
         self._p.start()
         return self
 

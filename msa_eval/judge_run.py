@@ -13,16 +13,16 @@ never touched.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from msa_common.atomic import atomic_write_text
 from msa_eval.backends.base import Backend, GenRequest
-from msa_eval.judge import (JUDGE_MAX_TOKENS, RUBRIC_VERSION, SCALE_MAX, judge_key, judge_messages,
-                            parse_judge_score)
+from msa_eval.judge import JUDGE_MAX_TOKENS, RUBRIC_VERSION, SCALE_MAX, judge_key, judge_messages, parse_judge_score
 from msa_eval.runner.config import BackendSpec
 from msa_eval.runner.manifest import RECORDS, read_manifest, save_manifest
-from msa_common.atomic import atomic_write_text
 from msa_eval.runner.records import SampleRecord, repair_records
 from msa_eval.runner.requests import prefill_text
 from tasks.base import Sample

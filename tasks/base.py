@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 PromptMode = Literal["chat", "completion"]
 
@@ -98,7 +99,7 @@ class Sample:
     # target_length, prompt_tokens (reference tokenizer), depth (0..1 for needle tasks),
     # n_items, seed, truncated_tokens, answer_prefix, fidelity ...
     metadata: dict[str, Any] = field(default_factory=dict)
-    scorer: Callable[["Sample", str | None], dict[str, Any]] | None = field(
+    scorer: Callable[[Sample, str | None], dict[str, Any]] | None = field(
         default=None, repr=False, compare=False
     )
 

@@ -9,11 +9,11 @@ truncated (from its end, HELMET policy), and the number of dropped tokens is rec
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
-from tasks.base import (BuildSpec, PromptMode, PromptParts, TaskError, TokenCounter,
-                        continue_chat_text)
+from tasks.base import BuildSpec, PromptMode, PromptParts, TaskError, TokenCounter, continue_chat_text
 
 
 def render(parts: PromptParts, mode: PromptMode) -> tuple[str | None, list[dict[str, Any]] | None]:

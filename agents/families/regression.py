@@ -19,8 +19,17 @@ from agents.families.common import open_workspace
 from agents.sandbox import Workspace
 from agents.task import AgentTask
 from agents.testing import summarize_failures
-from tasks.repo.bugs import (DEFAULT_MODULES, TEST_TIMEOUT_S, Baseline, Bug, first_bug, first_failure, hash_seed,
-                             regression_spec, stdlib_baseline)
+from tasks.repo.bugs import (
+    DEFAULT_MODULES,
+    TEST_TIMEOUT_S,
+    Baseline,
+    Bug,
+    first_bug,
+    first_failure,
+    hash_seed,
+    regression_spec,
+    stdlib_baseline,
+)
 from tasks.repo.fixtures import materialize, short_hash, stable_baseline
 from tasks.repo.sources import pin, user_repo
 from tasks.repo.unittests import TestReport, run_unittests

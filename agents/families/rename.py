@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import ast
 import builtins
-import keyword
 import io
+import keyword
 import random
 import tokenize
 from collections import defaultdict

@@ -147,7 +147,8 @@ def gguf_weights(reader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def gguf_tokenizer(reader, cfg: ModelConfig) -> Tokenizer:
-    from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, Regex
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
 
     kind = _field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":

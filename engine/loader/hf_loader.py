@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.config import ModelConfig, from_hf_config
-from engine.errors import ModelNotFoundError, ModelIntegrityError
+from engine.errors import ModelIntegrityError, ModelNotFoundError
 from engine.tokenizer import Tokenizer
 
 

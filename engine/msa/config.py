@@ -69,14 +69,14 @@ class MSAConfig:
         return d
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "MSAConfig":
+    def from_dict(d: dict[str, Any]) -> MSAConfig:
         known = {f.name for f in fields(MSAConfig)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise MSAConfigError(f"unknown MSA config keys {unknown}: the known keys are {sorted(known)}")
         return MSAConfig(**d)
 
-    def replace(self, **overrides: Any) -> "MSAConfig":
+    def replace(self, **overrides: Any) -> MSAConfig:
         d = self.to_dict()
         d.update({k: v for k, v in overrides.items() if v is not None})
         return MSAConfig.from_dict(d)

@@ -34,18 +34,18 @@ class LayerIndexer(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(d_idx)) if index_norm else None
         self.k_norm = nn.Parameter(torch.ones(d_idx)) if index_norm else None
 
-    def forward(self, h: torch.Tensor, rope: "IndexRope", cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, h: torch.Tensor, rope: IndexRope, cos: torch.Tensor, sin: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.index_q(h, rope, cos, sin, positions), self.index_k(h, rope, cos, sin, positions)
 
-    def index_q(self, h, rope: "IndexRope", cos, sin, positions) -> torch.Tensor:
+    def index_q(self, h, rope: IndexRope, cos, sin, positions) -> torch.Tensor:
         """`[T, hidden]` -> `[T, Hkv, d_idx]`."""
         q = F.linear(h, self.wq.to(h.dtype)).view(-1, self.num_kv_heads, self.d_idx)
         if self.q_norm is not None:
             q = _rms(q, self.q_norm)
         return rope(q, cos, sin, positions)
 
-    def index_k(self, h, rope: "IndexRope", cos, sin, positions) -> torch.Tensor:
+    def index_k(self, h, rope: IndexRope, cos, sin, positions) -> torch.Tensor:
         """`[T, hidden]` -> `[T, d_idx]`."""
         k = F.linear(h, self.wk.to(h.dtype)).view(-1, 1, self.d_idx)
         if self.k_norm is not None:

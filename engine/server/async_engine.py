@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 
 class QueueFullError(RuntimeError):

@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -18,8 +18,19 @@ from starlette.background import BackgroundTask
 
 from engine.server.errors import ApiError
 from engine.server.generation import Generation
-from engine.server.schemas import (AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-                                   ChatDelta, ChunkChoice, DeltaToolCall, ToolCallFunction, ToolCallModel, Usage)
+from engine.server.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChunkChoice,
+    DeltaToolCall,
+    ToolCallFunction,
+    ToolCallModel,
+    Usage,
+)
 from engine.server.state import ServingState, reject_unsupported
 from engine.server.toolcalls import ParsedOutput, parse_tool_calls
 

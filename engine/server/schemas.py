@@ -156,7 +156,7 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ChatCompletionRequest":
+    def _consistent(self) -> ChatCompletionRequest:
         """What OpenAI refuses with a 400 although each field is valid on its own."""
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")

@@ -7,7 +7,7 @@ frozen projections and RoPE (`main_qk`).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

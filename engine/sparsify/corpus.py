@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import random
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator
 
 from engine.errors import EngineError
 

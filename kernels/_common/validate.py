@@ -8,7 +8,7 @@ look only at shapes, dtypes, strides and devices, so a CUDA-graph-captured ``run
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

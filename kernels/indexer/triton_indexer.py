@@ -69,7 +69,7 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
     acc = tl.zeros([BLOCK_M], tl.float32)
 
     pt_row = PT + req.to(tl.int64) * stride_pt
-    for b in range(0, n_hist):
+    for b in range(n_hist):
         score = _block_score(q, KC, pt_row, b, stride_kp, stride_kb, offs_b, offs_d, scale, UPCAST)
         score = tl.where(b < local, score, float("-inf"))
         if MODE == 0:

@@ -34,11 +34,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 if TYPE_CHECKING:
     from kernels.sparse_prefill.plan import PrefillPlan
@@ -100,7 +104,7 @@ def _hand_over(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree,
     else:
         mbarrier.arrive(qready.index(qb))
     if req >= 0:
-        for it in range(0, steps):
+        for it in range(steps):
             s = c % STAGES
             free_phase = ((c // STAGES) & 1) ^ 1
             page = gl.load(pages + it // NSUB)

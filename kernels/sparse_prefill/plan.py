@@ -73,7 +73,7 @@ class PrefillShape:
 
     @classmethod
     def of(cls, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-           topk_ids: torch.Tensor) -> "PrefillShape":
+           topk_ids: torch.Tensor) -> PrefillShape:
         t, hq, d = q.shape
         return cls(tokens=t, requests=page_table.shape[0], pages=page_table.numel(), q_heads=hq,
                    kv_heads=k_cache.shape[1], head_dim=d, block=k_cache.shape[2], topk=topk_ids.shape[2],

@@ -53,12 +53,12 @@ def _group_kernel(IDS, CUQ, TILE_REQ, TILE_START, TOKMAP, stride_it, stride_ih, 
     ok = (t0 + idx < q_end)[None, :] & live[:, None]  # [HP, W]
     tok64 = (t0 + idx).to(tl.int64)
     bm = tl.zeros([HP, W, NW], tl.int32)
-    for a in range(0, TOPK):  # one id column at a time (not unrolled: the loads are not all hoisted)
+    for a in range(TOPK):  # one id column at a time (not unrolled: the loads are not all hoisted)
         col = tl.load(IDS + tok64[None, :] * stride_it + heads[:, None] * stride_ih + a, mask=ok, other=-1)
         bm = bm | _hashed_bits(col, NW)
     taken = ~ok
     n_tiles = (tl.minimum(q_end - t0, W) + TQ - 1) // TQ
-    for grp in range(0, n_tiles):
+    for grp in range(n_tiles):
         out_row = TOKMAP + (tile + grp).to(tl.int64) * stride_mt + heads * stride_mh  # [HP]
         seed = tl.min(tl.where(taken, W, idx[None, :]), axis=1)  # [HP]; W for the padded heads
         pick = idx[None, :] == seed[:, None]

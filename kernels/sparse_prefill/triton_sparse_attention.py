@@ -86,7 +86,7 @@ def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid,
         l_i = tl.where(lse_in > float("-inf"), 1.0, 0.0)
         acc = tl.load(OUT + out_rows[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
     pt_row = PT + req.to(tl.int64) * stride_pt
-    for s in range(0, n_valid * NSUB):
+    for s in range(n_valid * NSUB):
         blk = tl.load(id_row + s // NSUB)
         key = (s % NSUB) * BK + offs_b  # the step's keys within the block
         page = tl.load(pt_row + blk).to(tl.int64)
@@ -192,7 +192,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     u_off = tile.to(tl.int64) * stride_ut + g * stride_uh
     n_union = tl.load(UCOUNT + tile * HKV + g)
-    for it in range(0, n_union * NSUB):
+    for it in range(n_union * NSUB):
         u = it // NSUB
         koff = (it % NSUB) * KN
         blk = tl.load(UNION + u_off + u)

@@ -27,7 +27,6 @@ def make_backend(kind: str, **opts: Any) -> Backend:
 
 def build_local(model: str, attention: str = "dense", **opts: Any) -> Backend:
     from engine.errors import EngineError
-
     from msa_eval.backends.local import LocalBackend
 
     try:

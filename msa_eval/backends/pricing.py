@@ -31,7 +31,7 @@ class PriceTable:
         self.prices = dict(prices or {})
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "PriceTable":
+    def load(cls, path: str | Path | None = None) -> PriceTable:
         """Read a price file; a missing default file gives an empty table (all costs unknown)."""
         p = Path(path) if path else DEFAULT_PRICES
         if not p.exists():

@@ -5,7 +5,8 @@ from the environment are read here, at the edge (`envvar=`), and passed down as 
 `MSA_EVAL_NO_DEQUANT_CACHE` (--no-dequant-cache). A flag given on the command line wins."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 

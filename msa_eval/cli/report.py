@@ -35,7 +35,11 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots:
         _helmet(helmet_dirs, dest, wanted, no_plots, bootstrap, as_json, as_md)
         return
     from msa_eval.report.agents import (
-        agents_markdown, build_agent_report, load_agent_runs, require_records, write_agent_report,
+        agents_markdown,
+        build_agent_report,
+        load_agent_runs,
+        require_records,
+        write_agent_report,
     )
 
     records = load_agent_runs(agent_dirs)

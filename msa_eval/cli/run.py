@@ -65,13 +65,12 @@ def run(suite, backend_kind, model, attention, base_url, reference, lengths, sam
         display.info(f"{prep.n_samples} samples x {len(prep.cfg.backends)} backend(s); "
                      f"would write {prep.run_dir}", dim=True)
         return
+    from msa_eval.backends.base import BackendError
+    from msa_eval.errors import MsaEvalError
     from msa_eval.report import build_report, load_runs
     from msa_eval.report.plots import plot_report
     from msa_eval.report.writers import write_report
     from msa_eval.runner import run_suite
-
-    from msa_eval.backends.base import BackendError
-    from msa_eval.errors import MsaEvalError
 
     display.info(f"run directory: {prep.run_dir}")
     try:

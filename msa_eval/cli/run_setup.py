@@ -7,7 +7,13 @@ from typing import Any
 
 from engine.attention.kinds import uses_indexer
 from msa_eval.runner.config import (
-    BackendSpec, ConfigError, RunConfig, SuiteConfig, TaskEntry, load_suite, parse_backend_opts,
+    BackendSpec,
+    ConfigError,
+    RunConfig,
+    SuiteConfig,
+    TaskEntry,
+    load_suite,
+    parse_backend_opts,
     parse_lengths,
 )
 from msa_eval.runner.manifest import check_run_dir

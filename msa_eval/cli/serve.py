@@ -7,7 +7,6 @@ from engine.server.config import ServerConfig
 from msa_eval.cli.options import attention_option, engine_options
 from msa_eval.errors import MsaEvalError
 
-
 _D = ServerConfig()  # the defaults, shared with `python -m engine.server`
 
 

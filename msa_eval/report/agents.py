@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from msa_eval.errors import MsaEvalError
 from msa_common.atomic import atomic_write_json, atomic_write_text
+from msa_eval.errors import MsaEvalError
 
 AGENT_SCHEMA = "msa-eval.agent-run/1"
 FIELDS = ("backend", "attention", "model", "family", "tasks", "success_rate", "mean_steps",

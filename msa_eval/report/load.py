@@ -4,9 +4,10 @@ Read only: unreadable lines of records.jsonl (a run still appending, a kill -9, 
 skipped and counted, never rewritten; `msa-eval run` repairs them when it reopens the run."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from msa_eval.errors import MsaEvalError
 from msa_eval.runner.manifest import RECORDS, read_manifest

@@ -6,8 +6,8 @@ import csv
 import io
 from pathlib import Path
 
-from msa_eval.report.build import Report
 from msa_common.atomic import atomic_write_json, atomic_write_text
+from msa_eval.report.build import Report
 
 
 def delta_columns(rep: Report) -> list[tuple[str, str, int]]:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from msa_eval.runner.config import ConfigError, RunConfig
 from msa_common.atomic import atomic_write_json
+from msa_eval.runner.config import ConfigError, RunConfig
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"

@@ -8,9 +8,10 @@ atomically with the good lines byte for byte, so nothing is lost and their sampl
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 

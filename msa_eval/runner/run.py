@@ -12,9 +12,10 @@ from __future__ import annotations
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from msa_eval.backends.base import Backend, BackendError, GenResult
 from msa_eval.runner.config import BackendSpec, ConfigError, RunConfig

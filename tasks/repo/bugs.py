@@ -11,8 +11,9 @@ bug in (the smallest unique block of lines around it); the reverse edit is the g
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from msa_common.errors import HarnessError
 from tasks.repo.fixtures import materialize, parses, short_hash, stable_baseline, unique_context

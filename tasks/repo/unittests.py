@@ -45,7 +45,7 @@ class TestReport:
         return "PARTIAL" if self.f2p_passed > 0 else "NO"
 
     @classmethod
-    def of(cls, outcomes: dict[str, str], f2p: list[str], p2p: list[str]) -> "TestReport":
+    def of(cls, outcomes: dict[str, str], f2p: list[str], p2p: list[str]) -> TestReport:
         ok = passed(outcomes)
         return cls(len(f2p), sum(t in ok for t in f2p), len(p2p), sum(t in ok for t in p2p))
 

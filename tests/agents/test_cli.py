@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
-from pathlib import Path
 
 # An old suite, written with letters: it still works, and shows the families by name.
 SUITE = {"suites": {"tiny": {"seed": 0, "families": {"D": [{"n": 1, "n_min": 2, "n_max": 4}], "B": [{"n": 1}]}}}}

@@ -15,7 +15,6 @@ import shutil
 import stat
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

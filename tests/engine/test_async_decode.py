@@ -13,9 +13,9 @@ from engine.attention.dense import DenseAttention
 from engine.gpu.async_decode import DecodeRow, InflightDecode, ReadyTokens, follow_up_rows
 from engine.gpu.step_buffers import StepBuffers
 from engine.kv_cache import BlockManager
-from engine.testing import random_engine, random_model, shape_config
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
+from engine.testing import random_engine, random_model, shape_config
 
 PROMPTS = ["Write a short poem about the sea.", "List three prime numbers. " * 5, "Hi",
            "The quick brown fox jumps over the lazy dog. " * 4, "Once upon a time"]
@@ -44,7 +44,7 @@ def drive(llm, prompts, params, asynchronous: bool, abort_after: dict | None = N
     for rid, p, sp in zip(ids, prompts, params):
         eng.add_request(rid, llm._to_ids(p), sp)
     streamed = {rid: [] for rid in ids}
-    finished = {rid: 0 for rid in ids}
+    finished = dict.fromkeys(ids, 0)
     empty_calls = 0
     try:
         while eng.has_unfinished():

@@ -91,9 +91,9 @@ def test_qk_norm_model_runs_in_bf16_mode_with_bf16_cache():
     from engine.cpu_weights import attach_cpu_weights
     from engine.kv_cache import CacheConfig, KVCache
     from engine.llm_engine import LLMEngine
-    from engine.testing import random_model
     from engine.sampling import SamplingParams
     from engine.scheduler import SchedulerConfig
+    from engine.testing import random_model
     from tests.engine.test_parity_hf import all_logits
 
     cfg = ModelConfig(arch="qwen3", vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,

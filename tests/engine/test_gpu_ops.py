@@ -10,8 +10,8 @@ from engine.attention.dense import DenseAttention
 from engine.attention.meta import DecodeShapes
 from engine.gpu import ops
 from engine.gpu.sampler import sample_batch
-from engine.testing import random_engine, random_indexer, random_model, shape_config
 from engine.sampling import SamplingParams, sample
+from engine.testing import random_engine, random_indexer, random_model, shape_config
 
 needs_interp = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 

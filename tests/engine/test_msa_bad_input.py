@@ -7,7 +7,7 @@ import pytest
 
 from engine import LLM
 from engine.config import ModelConfig
-from engine.errors import EngineError, UnsupportedModelError
+from engine.errors import UnsupportedModelError
 from engine.loader import load
 from engine.msa import AdapterError, IndexProjections, MSAConfig, MSAConfigError, base_fingerprint, save_adapter
 from tests.engine.test_sparsify import make_tiny_llama

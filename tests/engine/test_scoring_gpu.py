@@ -9,9 +9,9 @@ import torch
 
 from engine import SamplingParams
 from engine.attention import make_attention
-from engine.testing import random_engine, random_model, shape_config
 from engine.scheduler import ScheduledChunk
 from engine.sequence import Sequence
+from engine.testing import random_engine, random_model, shape_config
 from tests.engine.faults import faulty
 
 pytestmark = pytest.mark.gpu

@@ -23,8 +23,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.engine.serve_process import running_server  # noqa: E402
 from tests.engine.openai_shape import assert_openai_error  # noqa: E402
+from tests.engine.serve_process import running_server  # noqa: E402
 
 MODEL = "smollm2-135m"
 MAX_MODEL_LEN = 512

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from engine.textstream import IncrementalText
 from engine.server.toolcalls import messages_for_template, parse_tool_calls, template_supports_tools
+from engine.textstream import IncrementalText
 
 TOOLS = {"get_weather", "search"}
 

@@ -100,10 +100,10 @@ def test_objective_decreases_backbone_frozen_adapter_loads(tiny, tmp_path):
 
 
 def test_resume_skips_finished_layers_and_refuses_other_settings(tiny, tmp_path):
+    from engine.loader import load
+    from engine.msa import AdapterError, IndexProjections, MSAConfig
     from engine.sparsify import sparsify
     from engine.sparsify.trainer import CKPT, _save_checkpoint
-    from engine.msa import AdapterError, IndexProjections, MSAConfig
-    from engine.loader import load
 
     model, data = tiny
     cfg = tiny_cfg(model, data, tmp_path / "ad", warmup_steps=2, steps=1)

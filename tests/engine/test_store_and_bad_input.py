@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from engine import store
-from engine.errors import ContextTooLongError, FetchError, ModelIntegrityError, ModelNotFoundError, UnsupportedModelError
+from engine.errors import (
+    ContextTooLongError,
+    ModelIntegrityError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
 
 CLI = [sys.executable, "-m", "msa_eval.cli"]
 
@@ -112,11 +117,10 @@ def test_prompt_longer_than_context(default_llm):
 
 def test_hf_directory_model_loads_and_matches_gguf(tmp_path, default_llm, hf_model):
     """`--model` accepts an HF directory: save the HF model + tokenizer, load it with our loader."""
+    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
     from engine import LLM, SamplingParams
-
-    from safetensors.torch import save_file
 
     p, d = default_llm.model_path, tmp_path / "hfdir"
     d.mkdir()

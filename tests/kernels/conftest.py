@@ -10,9 +10,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from kernels.testing import paged_case as _paged_case  # noqa: E402
+from kernels.testing import paged_case as _paged_case
 
 
 @pytest.fixture

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
+from kernels._common.tiles import tile_table
 from kernels.indexer import naive as indexer_naive
 from kernels.sparse_prefill import msa_prefill_attention
 from kernels.sparse_prefill.naive import dense_causal_reference, sparse_attention_reference
-from kernels._common.tiles import tile_table
 from kernels.sparse_prefill.plan import TileConfig, prefer_tile
 from kernels.sparse_prefill.unions import build_unions, tile_unions
 from kernels.testing import assert_close

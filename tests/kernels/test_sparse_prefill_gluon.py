@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kernels.sparse_prefill import msa_prefill_attention
-from kernels.sparse_prefill.plan import TileConfig
 from kernels.sparse_prefill.naive import sparse_attention_reference
+from kernels.sparse_prefill.plan import TileConfig
 from kernels.testing import assert_close
 
 CUDA = torch.cuda.is_available()

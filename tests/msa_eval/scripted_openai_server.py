@@ -30,7 +30,7 @@ class ScriptedOpenAI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
-    def __enter__(self) -> "ScriptedOpenAI":
+    def __enter__(self) -> ScriptedOpenAI:
         self._thread.start()
         return self
 

@@ -11,8 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from msa_eval.cli import cli
-from msa_eval.judge import (JudgeError, judge_key, judge_messages, parse_judge_score,
-                            parse_judge_spec)
+from msa_eval.judge import JudgeError, judge_key, judge_messages, parse_judge_score, parse_judge_spec
 from msa_eval.report import build_report, load_runs
 from msa_eval.report.writers import to_markdown
 from tests.msa_eval.scripted_openai_server import ScriptedOpenAI

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from msa_eval.backends.base import BackendError, GenRequest
-from msa_eval.backends.openai_backend import ContextLimitError, EndpointConfigError, OpenAIBackend, OpenAIBackendConfig
 from msa_eval.backends.endpoints import load_preset, preset_names
+from msa_eval.backends.openai_backend import ContextLimitError, EndpointConfigError, OpenAIBackend, OpenAIBackendConfig
 from msa_eval.backends.pricing import PriceTable
 from tests.msa_eval.scripted_openai_server import ScriptedOpenAI
 

@@ -1,6 +1,5 @@
 """Runner config, run directories and bad input: no model is loaded here (tokenizer only)."""
 import json
-from pathlib import Path
 
 import pytest
 
@@ -157,9 +156,10 @@ def test_suite_msa_overrides_and_per_task_lengths(tmp_path):
     msa, dense = a.cfg.backends
     assert msa.attention == "msa" and msa.options["msa_overrides"] == load_suite("helmet").msa_overrides
     assert "msa_overrides" not in dense.options
+    from dataclasses import replace
+
     from msa_eval.runner.config import TaskEntry
     from msa_eval.runner.plan import build_plan
-    from dataclasses import replace
 
     suite = replace(load_suite("helmet"), tasks=(TaskEntry("niah_single", lengths=(2048, 4096)), TaskEntry("rag")))
     plan = build_plan(suite, (2048,), _tok(), limit=1)

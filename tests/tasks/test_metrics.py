@@ -3,8 +3,15 @@ import math
 import pytest
 
 from tasks.metrics import (
-    citation_scores, exact_match, ndcg_at_k, normalize_answer, parse_ranking, rouge_l,
-    ruler_recall, substring_exact_match, token_f1,
+    citation_scores,
+    exact_match,
+    ndcg_at_k,
+    normalize_answer,
+    parse_ranking,
+    rouge_l,
+    ruler_recall,
+    substring_exact_match,
+    token_f1,
 )
 
 
