@@ -81,7 +81,7 @@ def run_batch(tasks: list[AgentTask], make_backend: Callable[[AgentTask], Any], 
     """Run every task not yet recorded in `run_dir` (resuming partial trajectories)."""
     run_dir = Path(run_dir)
     (run_dir / "trajectories").mkdir(parents=True, exist_ok=True)
-    ident = {"suite": suite, "config_hash": config.hash(), "backend": backend_key,
+    ident: dict[str, Any] = {"suite": suite, "config_hash": config.hash(), "backend": backend_key,
              "tasks": {t.id: t.content_hash() for t in tasks}}
     mpath = run_dir / "manifest.json"
     if mpath.is_file():

@@ -19,6 +19,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from agents.errors import ToolError
 
@@ -43,7 +44,7 @@ _HINTS = {  # errno -> what the model should do instead
 
 def tool_error(rel: str, e: OSError) -> ToolError:
     """The model-facing error for an OSError raised on the path `rel` the model named."""
-    hint = _HINTS.get(e.errno, f"{e.strerror or e}; pick another path")
+    hint = _HINTS.get(e.errno or 0, f"{e.strerror or e}; pick another path")
     return ToolError(f"{rel!r}: {hint}")
 
 
@@ -149,7 +150,7 @@ class ConfinedFS:
         try:
             fd = self.open_dir(self.locate(rel))
         except OSError as e:
-            raise ToolError(f"not a directory: {rel!r} ({_HINTS.get(e.errno, e.strerror)})") from e
+            raise ToolError(f"not a directory: {rel!r} ({_HINTS.get(e.errno or 0, e.strerror)})") from e
         try:
             with os.scandir(fd) as it:
                 return sorted(display(en.name) + ("@" if en.is_symlink() else "/" if en.is_dir(follow_symlinks=False)
@@ -204,7 +205,8 @@ def check_regular(fd: int, rel: str) -> os.stat_result:
     if stat.S_ISDIR(st.st_mode):
         raise ToolError(f"{rel!r} is a directory; pass a file path (list_dir shows a directory)")
     if not stat.S_ISREG(st.st_mode):
-        raise ToolError(f"{rel!r} is not a regular file (a FIFO, socket or device); the file tools open regular files only")
+        raise ToolError(f"{rel!r} is not a regular file (a FIFO, socket or device); "
+                        "the file tools open regular files only")
     if st.st_nlink > 1:
         raise ToolError(f"{rel!r} has {st.st_nlink} hard links (one may be outside the workspace); the file tools "
                         "refuse hard-linked files: replace it with a copy (cp f f.tmp && mv f.tmp f)")
@@ -242,7 +244,7 @@ def read_upto(fd: int, limit: int) -> bytes:
     return bytes(out)
 
 
-def numbered_lines(f, segment_bytes: int) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(f: BinaryIO, segment_bytes: int) -> Iterator[tuple[int, bytes]]:
     with f:
         n = 1
         while seg := f.readline(segment_bytes):

@@ -67,7 +67,8 @@ class ContextPolicy:
             c = m.get("content") or ""
             if i in old and len(c) > self.max_old_obs_chars:
                 h = self.max_old_obs_chars // 2
-                m = {**m, "content": c[:h] + f"\n...[observation truncated by context policy: {len(c)} chars]...\n" + c[-h:]}
+                note = f"\n...[observation truncated by context policy: {len(c)} chars]...\n"
+                m = {**m, "content": c[:h] + note + c[-h:]}
                 n += 1
             view.append(m)
         if n != self._last_truncated:
@@ -80,7 +81,8 @@ class ContextPolicy:
         if not self.summaries:
             return list(history)
         s = self.summaries[-1]
-        note = {"role": "user", "content": "Summary of your earlier work (older messages were compacted):\n" + s["text"]}
+        note = {"role": "user",
+                "content": "Summary of your earlier work (older messages were compacted):\n" + s["text"]}
         return list(history[:n_initial]) + [note] + list(history[s["cut"]:])
 
 

@@ -44,7 +44,7 @@ class Environment(ABC):
     def grade(self, answer: str | None) -> Grade:
         """Grade the current state and the submitted answer (None = never submitted)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most environments hold nothing to release
         pass
 
 

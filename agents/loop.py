@@ -92,7 +92,8 @@ class AgentLoop:
         latency = time.monotonic() - t0
         st.steps += 1
         prompt_tokens = resp.prompt_tokens if resp.prompt_tokens is not None else ctx
-        completion_tokens = resp.completion_tokens if resp.completion_tokens is not None else self._count_text(resp.content or "")
+        completion_tokens = (resp.completion_tokens if resp.completion_tokens is not None
+                             else self._count_text(resp.content or ""))
         st.prompt_tokens += prompt_tokens
         st.completion_tokens += completion_tokens
         st.cost += resp.cost_usd or 0.0
@@ -133,12 +134,14 @@ class AgentLoop:
         if native_calls:
             assistant["tool_calls"] = [{"id": c.id, "type": "function",
                                         "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-        msgs, obs = [assistant], []
+        msgs = [assistant]
+        obs: list[dict[str, Any]] = []
         format_error = False
         if not calls:
             format_error = True
             why = parse_error or ("your reply was cut off at the token limit; reply with a shorter tool call"
-                                  if resp.finish_reason == "length" else "your reply contained no tool call; call a tool (or submit)")
+                                  if resp.finish_reason == "length"
+                                  else "your reply contained no tool call; call a tool (or submit)")
             msgs.append({"role": "user", "content": f"error: {why}"})
             obs.append({"name": None, "ok": False, "error": why})
             return msgs, obs, format_error
@@ -221,7 +224,8 @@ class AgentLoop:
             st.load(t.steps[-1]["counters"], t.steps[-1]["elapsed_s"])
         st.events = len(t.events)
         for s in t.steps:  # a crash between the submit step and the result line
-            for call, ob in zip(s["response"]["tool_calls"], s["observations"]):
+            # strict=False: a step without a tool call records one observation (the format error)
+            for call, ob in zip(s["response"]["tool_calls"], s["observations"], strict=False):
                 if call["name"] == "submit" and ob.get("ok"):
                     st.submitted, st.answer = True, json.loads(call["arguments"] or "{}").get("answer", "") or ""
         if hasattr(self.backend, "on_resume"):
@@ -245,7 +249,9 @@ class _State:
         self.steps = self.tool_calls = self.format_errors = self.consecutive_format_errors = 0
         self.prompt_tokens = self.completion_tokens = self.peak = self.events = 0
         self.cost = self.elapsed = 0.0
-        self.submitted, self.answer, self.last_checkpoint = False, None, None
+        self.submitted = False
+        self.answer: str | None = None
+        self.last_checkpoint: dict[str, Any] | None = None
         self.harness_error: str | None = None  # set when a tool failed for a reason that is not the model's
 
     def counters(self) -> dict[str, Any]:

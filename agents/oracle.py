@@ -8,7 +8,8 @@ context size of every task. It implements `agents.protocol.ChatModel`.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from agents.context import SUMMARY_REQUEST
 from agents.protocol import BackendError, ChatResponse, ToolCall
@@ -37,7 +38,7 @@ class OraclePolicy:
         """Continue after the gold actions already taken in a resumed trajectory."""
         self.i = sum(len(s["response"]["tool_calls"]) for s in steps)
 
-    def generate(self, requests):
+    def generate(self, requests: Sequence[object]) -> NoReturn:
         raise BackendError("the oracle policy only drives agent tasks (chat with tools)")
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
@@ -56,8 +57,9 @@ class OraclePolicy:
         raw = isinstance(act["arguments"], str)
         args = act["arguments"] if raw else json.dumps(act["arguments"])
         if tools is None:  # text protocol
-            text = ("<tool_call>\n" + json.dumps({"name": act["name"]})[:-1] + ', "arguments": ' + args + "}\n</tool_call>"
-                    if raw else render_call(act["name"], act["arguments"]))
+            head = json.dumps({"name": act["name"]})[:-1]
+            text = (f'<tool_call>\n{head}, "arguments": {args}}}\n</tool_call>' if raw
+                    else render_call(act["name"], act["arguments"]))
             return ChatResponse(text, [], "stop", prompt, approx_tokens(text), 0.0, 0.0)
         call = ToolCall(id=f"oracle_{self.i}", name=act["name"], arguments=args)
         return ChatResponse(None, [call], "tool_calls", prompt, approx_tokens(args), 0.0, 0.0)

@@ -140,7 +140,8 @@ class ContainerWorkspace(Workspace):
         self.image = image
         self.python = "python3"
 
-    def run(self, command: str | list[str], timeout_s: float = 60.0, max_chars: int = DEFAULT_OUTPUT_CHARS) -> CommandResult:
+    def run(self, command: str | list[str], timeout_s: float = 60.0,
+            max_chars: int = DEFAULT_OUTPUT_CHARS) -> CommandResult:
         inner = command if isinstance(command, str) else " ".join(map(_quote, command))
         pkg = RUNNER.resolve().parent  # the test runner (run_unittests) must be readable inside
         argv = ["docker", "run", "--rm", "--network", "none", "--pull", "never",

@@ -17,6 +17,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from agents.confined import ConfinedFS
 from agents.errors import ToolError
@@ -26,7 +27,7 @@ SKIP_SUFFIXES = (".pyc", ".pickle")
 TEXT_CHARS = 200  # of each hit line
 
 
-def search(fs: ConfinedFS, rel: str, rx: re.Pattern, max_hits: int, out) -> None:
+def search(fs: ConfinedFS, rel: str, rx: re.Pattern[str], max_hits: int, out: TextIO) -> None:
     hits = skipped = 0
     for path in fs.walk(rel):
         if path.endswith(SKIP_SUFFIXES):
@@ -51,7 +52,8 @@ def search(fs: ConfinedFS, rel: str, rx: re.Pattern, max_hits: int, out) -> None
         except (UnicodeDecodeError, OSError):
             continue
     if skipped:
-        out.write(f"[skipped {skipped} files: symbolic links leaving the workspace, hard-linked or non-regular files]\n")
+        out.write(f"[skipped {skipped} files: symbolic links leaving the workspace, hard-linked or "
+                  "non-regular files]\n")
     if not hits:
         out.write("no matches\n")
 

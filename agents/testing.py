@@ -14,7 +14,8 @@ def summarize_failures(outcomes: dict[str, str], res: CommandResult, limit_chars
     if not outcomes:
         lines = ["the test runner produced no results (import error, timeout or crash)"]
     lines += [f"FAILED {t}" for t in bad[:50]]
-    body = res.output if len(res.output) <= limit_chars else res.output[:limit_chars // 2] + "\n...\n" + res.output[-limit_chars // 2:]
+    out = res.output
+    body = out if len(out) <= limit_chars else out[:limit_chars // 2] + "\n...\n" + out[-limit_chars // 2:]
     if bad or not outcomes:
         lines += ["", body.strip()]
     if res.timed_out:

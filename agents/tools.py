@@ -148,7 +148,8 @@ class WorkspaceTools:
                                capture_output=True, timeout=self.timeout, cwd=_CODE_ROOT, env=_worker_env())
         except subprocess.TimeoutExpired:
             raise ToolError(f"search did not finish within the {self.timeout:g} s command timeout; simplify the "
-                            "pattern (nested quantifiers such as (a+)+ backtrack exponentially) or narrow the path") from None
+                            "pattern (nested quantifiers such as (a+)+ backtrack exponentially) or narrow the path"
+                            ) from None
         except OSError as e:
             raise EnvironmentFailure(f"cannot start the search worker: {e}") from e
         err = r.stderr.decode("utf-8", "replace").strip()
@@ -166,6 +167,7 @@ class WorkspaceTools:
         sel = a.get("selection") or None
         if sel is not None and not isinstance(sel, str):
             raise ToolError("argument 'selection' must be a string")
+        assert self._tests_fn is not None, "run_tests is listed only when the family gives a test runner"
         return self._tests_fn(sel)
 
 

@@ -109,7 +109,7 @@ def report_tables(rep: Any) -> None:
     for c in header:
         t.add_column(Text(c), justify="left" if c in ("category", "task") else "right")
     kinds = [r["kind"] for r in rep.rows]
-    for kind, r in zip(kinds, rows):
+    for kind, r in zip(kinds, rows, strict=True):
         style = "bold" if kind == "overall" else ("cyan" if kind == "category" else None)
         t.add_row(*(Text(str(v)) for v in r), style=style)
     console.print(t)
@@ -143,7 +143,7 @@ def dry_run_table(rows: list[dict[str, Any]]) -> None:
 def task_sample(task: dict[str, Any], sample: dict[str, Any]) -> None:
     from rich.markup import escape
 
-    table(f"task {task['name']}", ["field", "value"], [(k, v) for k, v in task.items()])
+    table(f"task {task['name']}", ["field", "value"], list(task.items()))
     text = sample["prompt"] or "\n".join(f"[{m['role']}] {m['content']}" for m in sample["messages"])
     head, tail = text[:1200], text[-800:] if len(text) > 2000 else ""
     console.print(escape(head) + ("\n[dim]...[/]\n" + escape(tail) if tail else ""), highlight=False)
@@ -163,7 +163,8 @@ def agent_tasks_table(suite: str, entries: list[dict[str, Any]]) -> None:
     lines = []
     for e in entries:
         for r in e["tasks"]:
-            lines.append((r["id"], e["family"], e["seed"], "cached", r["gold_tool_calls"], r["max_steps"], knobs(r["knobs"])))
+            lines.append((r["id"], e["family"], e["seed"], "cached", r["gold_tool_calls"], r["max_steps"],
+                          knobs(r["knobs"])))
         if not e["tasks"]:
             lines.append((f"({e['n']} to generate)", e["family"], e["seed"], e["cache"], None, None, knobs(e["knobs"])))
     table(f"agent suite {suite}", ["id", "family", "seed", "cache", "gold calls", "max steps", "knobs"], lines)
@@ -171,14 +172,15 @@ def agent_tasks_table(suite: str, entries: list[dict[str, Any]]) -> None:
         info(f"{fam}: {about}", dim=True)
     waiting = [e for e in entries if not e["tasks"]]
     if waiting:
-        info(f"{len(waiting)} of {len(entries)} entries not generated yet: their tasks are generated and gold-validated "
-             "when first run, or now with `msa-eval agent list --validate` (minutes)", dim=True)
+        info(f"{len(waiting)} of {len(entries)} entries not generated yet: their tasks are generated and "
+             "gold-validated when first run, or now with `msa-eval agent list --validate` (minutes)", dim=True)
 
 
 def agent_result(res: dict[str, Any]) -> None:
     color = "green" if res.get("score", 0) >= 1 else "red"
     console.print(f"[bold]{res['task_id']}[/]: status [bold]{res['status']}[/], score [{color}]{res['score']}[/]"
-                  f" | steps {res.get('steps')} tool calls {res.get('tool_calls')} format errors {res.get('format_errors')}"
+                  f" | steps {res.get('steps')} tool calls {res.get('tool_calls')}"
+                  f" format errors {res.get('format_errors')}"
                   f" | peak context {res.get('peak_context_tokens')} tokens, trajectory {res.get('trajectory_tokens')}"
                   f" ({res.get('token_counting')}) | {res.get('wall_s')} s", highlight=False)
     console.print(f"grade: {json.dumps(res.get('grade'))}", highlight=False, markup=False)
@@ -193,8 +195,8 @@ def agent_record_line(rec: dict[str, Any]) -> None:
 def agent_summary_table(rows: list[dict[str, Any]], ran: int, skipped: int) -> None:
     table(f"agent run: {ran} ran, {skipped} already done", ["task", "status", "score", "steps", "tool calls",
           "peak ctx", "prompt tok", "cost $", "wall s"],
-          [(r["task_id"], r["status"], r.get("score"), r.get("steps"), r.get("tool_calls"), r.get("peak_context_tokens"),
-            r.get("prompt_tokens"), r.get("cost_usd"), r.get("wall_s")) for r in rows])
+          [(r["task_id"], r["status"], r.get("score"), r.get("steps"), r.get("tool_calls"),
+            r.get("peak_context_tokens"), r.get("prompt_tokens"), r.get("cost_usd"), r.get("wall_s")) for r in rows])
     if rows:
         ok = sum(1 for r in rows if (r.get("score") or 0) >= 1)
         console.print(f"success {ok}/{len(rows)}", highlight=False)
@@ -214,12 +216,13 @@ def agent_transcript(t: Any, max_chars: int = 1500) -> None:
 
     for m in h["messages"]:
         console.print(f"[cyan]{m['role']}[/]: {clip(m.get('content'))}", highlight=False)
-    events = {}
+    events: dict[int, list[dict[str, Any]]] = {}
     for e in t.events:
         events.setdefault(e["step"], []).append(e)
     for s in t.steps:
         for e in events.get(s["step"] - 1, []):
-            console.print(f"[magenta]-- context policy: {e['kind']} {_esc(json.dumps(e['detail'])[:300])}[/]", highlight=False)
+            console.print(f"[magenta]-- context policy: {e['kind']} {_esc(json.dumps(e['detail'])[:300])}[/]",
+                          highlight=False)
         u = s["usage"]
         console.print(f"[bold]step {s['step']}[/] [dim](context {s['context_tokens']} tok, prompt {u['prompt_tokens']},"
                       f" completion {u['completion_tokens']}, {s['latency_s']} s)[/]", highlight=False)
@@ -228,15 +231,18 @@ def agent_transcript(t: Any, max_chars: int = 1500) -> None:
                 if m.get("content"):
                     console.print(f"[green]assistant[/]: {clip(m['content'])}", highlight=False)
                 for tc in m.get("tool_calls") or []:
-                    console.print(f"[green]call[/] {tc['function']['name']}({clip(tc['function']['arguments'])})", highlight=False)
+                    console.print(f"[green]call[/] {tc['function']['name']}({clip(tc['function']['arguments'])})",
+                                  highlight=False)
             else:
-                console.print(f"[yellow]{'result' if m['role'] == 'tool' else m['role']}[/]: {clip(m.get('content'))}", highlight=False)
+                who = "result" if m["role"] == "tool" else m["role"]
+                console.print(f"[yellow]{who}[/]: {clip(m.get('content'))}", highlight=False)
     if t.result:
         r = t.result
         console.print(f"[bold]result[/]: {r['status']} score {r['score']} steps {r['steps']} peak context "
                       f"{r['peak_context_tokens']} {_esc(json.dumps(r.get('grade')))}", highlight=False)
     else:
-        console.print("[bold yellow]no result yet[/] (the run stopped early; `agent run --resume --out FILE` continues it)")
+        console.print("[bold yellow]no result yet[/] (the run stopped early; "
+                      "`agent run --resume --out FILE` continues it)")
 
 
 def sparsify_summary(prov: dict[str, Any], out: str) -> None:

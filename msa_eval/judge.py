@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.attention.kinds import ATTENTION_KINDS
+from engine.attention.kinds import ATTENTION_KINDS, check_kind
 from msa_eval.errors import MsaEvalError
 from msa_eval.runner.config import BackendSpec
 
@@ -91,7 +91,7 @@ def parse_judge_spec(spec: str, options: dict[str, Any] | None = None) -> Backen
         from msa_eval.cli.run_setup import DEFAULT_MODEL
 
         parts = rest.split(":") if rest else []
-        attention = parts.pop() if parts and parts[-1] in ATTENTION_KINDS else "dense"
+        attention = check_kind(parts.pop()) if parts and parts[-1] in ATTENTION_KINDS else "dense"
         return BackendSpec("local", ":".join(parts) or DEFAULT_MODEL, attention=attention, options=opts)
     if kind == "openai":
         model, sep, url = rest.partition("@")

@@ -76,7 +76,7 @@ def judge_run(
             tok = getattr(backend, "tokenizer", None)
             reqs = [_request(records[i], samples[records[i].sample_id], tok) for i in idx]
             results = backend.generate(reqs)
-            for i, res in zip(idx, results):
+            for i, res in zip(idx, results, strict=True):  # one result per request
                 raw = (SCORE_PREFILL + res.text) if tok is not None and not res.error else res.text
                 records[i] = records[i].model_copy(update={"judge": _verdict(key, raw, res.error)})
                 counts["errors" if res.error else "judged"] += 1
@@ -94,7 +94,8 @@ def _request(r: SampleRecord, s: Sample, tok: Any = None) -> GenRequest:
     with "Score:" (an assistant prefill, as the needle tasks do), so a small model answers
     in the format; endpoints get the plain chat (the OpenAI API cannot prefill)."""
     msgs = judge_messages(s.category, s.metadata.get("question"), s.answers, r.output or "")
-    base = dict(id=f"judge-{r.backend}-{r.sample_id}", max_tokens=JUDGE_MAX_TOKENS, temperature=0.0, seed=0)
+    base: dict[str, Any] = dict(id=f"judge-{r.backend}-{r.sample_id}", max_tokens=JUDGE_MAX_TOKENS,
+                                temperature=0.0, seed=0)
     if tok is not None:
         return GenRequest(prompt=prefill_text(msgs + [{"role": "assistant", "content": SCORE_PREFILL}], tok),
                           **base)

@@ -128,7 +128,7 @@ class MsaLocalLM(TemplateLM):
                                          top_p=float(kw.pop("top_p", 1.0) or 1.0), stop=until))
         outs = self.llm.generate(prompts, params) if prompts else []
         texts = []
-        for (context, gen_kwargs), o in zip([r.args for r in requests], outs):
+        for (context, gen_kwargs), o in zip([r.args for r in requests], outs, strict=True):
             texts.append(o.text)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), o.text)
         return texts

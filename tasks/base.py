@@ -69,7 +69,7 @@ class PromptParts:
 
 def continues_assistant(messages: list[dict[str, Any]] | None) -> bool:
     """True when a chat ends with an assistant message the model must continue (a prefill)."""
-    return bool(messages) and messages[-1].get("role") == "assistant"
+    return bool(messages and messages[-1].get("role") == "assistant")
 
 
 def continue_chat_text(messages: list[dict[str, Any]], tok: TokenCounter) -> str:

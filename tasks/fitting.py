@@ -40,6 +40,7 @@ def count_tokens(parts: PromptParts, mode: PromptMode, tok: TokenCounter) -> int
     prompt, messages = render(parts, mode)
     if prompt is not None:
         return len(tok.encode(prompt, add_special_tokens=True))
+    assert messages is not None  # render gives a prompt or messages
     return len(tok.encode(continue_chat_text(messages, tok)))
 
 

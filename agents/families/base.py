@@ -21,8 +21,8 @@ class Family(ABC):
     description: ClassVar[str]
 
     @abstractmethod
-    def generate(self, seed: int, n: int, **knobs: Any) -> list[AgentTask]:
-        """`n` validated tasks, identical for identical (seed, knobs, source bytes)."""
+    def generate(self, seed: int, n: int, *args: Any, **knobs: Any) -> list[AgentTask]:
+        """`n` validated tasks, identical for identical (seed, knobs, source bytes); each family names its knobs."""
 
     @abstractmethod
     def environment(self, task: AgentTask, container: bool = False) -> Environment:

@@ -31,12 +31,15 @@ PAGE = 10
 FIRST_TICKET = 1001
 _S, _I = {"type": "string"}, {"type": "integer"}
 SPECS = [
-    spec("search_functions", "List functions whose qualified name contains `query` (paged).", {"query": _S, "page": _I}, ["query"]),
-    spec("get_function", "Full record of one function: signature, lines, exceptions raised, docstring, source.", {"qualname": _S}, ["qualname"]),
+    spec("search_functions", "List functions whose qualified name contains `query` (paged).",
+         {"query": _S, "page": _I}, ["query"]),
+    spec("get_function", "Full record of one function: signature, lines, exceptions raised, docstring, source.",
+         {"qualname": _S}, ["qualname"]),
     spec("list_tests", "Tests that reference a function (paged).", {"qualname": _S, "page": _I}, ["qualname"]),
     spec("get_test", "Source of one test.", {"test_id": _S}, ["test_id"]),
     spec("get_owner", "Owner of a module.", {"module": _S}, ["module"]),
-    spec("create_ticket", "Open a ticket about a function; returns its id.", {"qualname": _S, "owner": _S, "title": _S}, ["qualname", "owner", "title"]),
+    spec("create_ticket", "Open a ticket about a function; returns its id.",
+         {"qualname": _S, "owner": _S, "title": _S}, ["qualname", "owner", "title"]),
     spec("link_test", "Link a test to a ticket.", {"ticket": _S, "test_id": _S}, ["ticket", "test_id"]),
     spec("list_tickets", "All tickets (paged).", {"page": _I}, []),
     spec("close_ticket", "Close a ticket.", {"ticket": _S}, ["ticket"]),
@@ -71,12 +74,14 @@ class LedgerEnvironment(Environment):
     def call(self, name: str, args: dict[str, Any]) -> str:
         fn = getattr(self, f"_t_{name}", None)
         if fn is None:
-            raise ToolFormatError(f"unknown tool {name!r}; available: {', '.join(s['function']['name'] for s in self.tool_specs())}")
+            names = ", ".join(s["function"]["name"] for s in self.tool_specs())
+            raise ToolFormatError(f"unknown tool {name!r}; available: {names}")
         return fn(args)
 
     def _fn(self, qualname: str):
         if qualname not in self.facts.functions:
-            raise ToolError(f"no function {qualname!r}; names look like 'email.utils:formatdate' (use search_functions)")
+            raise ToolError(f"no function {qualname!r}; names look like 'email.utils:formatdate' "
+                            "(use search_functions)")
         return self.facts.functions[qualname]
 
     def _ticket(self, tid: str) -> dict[str, Any]:
@@ -117,7 +122,8 @@ class LedgerEnvironment(Environment):
             raise ToolError(f"unknown owner {owner!r}; owners come from get_owner")
         tid = f"T-{self.next_id}"
         self.next_id += 1
-        self.tickets.append({"id": tid, "qualname": f.qualname, "owner": owner, "title": title, "status": "open", "tests": []})
+        self.tickets.append({"id": tid, "qualname": f.qualname, "owner": owner, "title": title, "status": "open",
+                             "tests": []})
         return f"created ticket {tid}"
 
     def _t_link_test(self, a):
@@ -130,7 +136,8 @@ class LedgerEnvironment(Environment):
         return f"linked {test} to {t['id']}"
 
     def _t_list_tickets(self, a):
-        return _page([f"{t['id']} [{t['status']}] {t['owner']}: {t['title']} ({len(t['tests'])} tests)" for t in self.tickets], a)
+        return _page([f"{t['id']} [{t['status']}] {t['owner']}: {t['title']} ({len(t['tests'])} tests)"
+                      for t in self.tickets], a)
 
     def _t_close_ticket(self, a):
         self._ticket(require(a, "ticket"))["status"] = "closed"
@@ -149,7 +156,8 @@ class LedgerEnvironment(Environment):
         answer_ok = got == want
         made = len(self.tickets) - len(self.task.spec["initial_tickets"])
         return Grade(1.0 if state_ok and answer_ok else 0.0,
-                     {"state_ok": state_ok, "answer_ok": answer_ok, "tickets_expected": want["tickets"], "tickets_made": made})
+                     {"state_ok": state_ok, "answer_ok": answer_ok, "tickets_expected": want["tickets"],
+                      "tickets_made": made})
 
 
 def _page(items: list[str], a: dict[str, Any]) -> str:
@@ -184,7 +192,7 @@ class LedgerFamily(Family):
                 c = Counter(e for q in in_scope(facts, m, include_methods) for e in facts.functions[q].raises)
                 pairs += [(m, e) for e, k in sorted(c.items()) if n_min <= k <= n_max and m.count(".") >= 1]
             random.Random(seed).shuffle(pairs)
-        tasks = []
+        tasks: list[AgentTask] = []
         for sc, exc in pairs[:n]:
             task = self._task(seed, base, facts, sc, exc, include_methods, distractors)
             if validate(self, task) == {"gold": 1.0, "empty": 0.0}:
@@ -195,12 +203,14 @@ class LedgerFamily(Family):
         rng = random.Random(f"{seed}|{scope}|{exc}")
         names = sorted(facts.functions)
         initial = [{"id": f"T-{FIRST_TICKET + i}", "qualname": q, "owner": facts.owners[facts.functions[q].module],
-                    "title": f"Review {q}", "status": "open", "tests": []} for i, q in enumerate(rng.sample(names, distractors))]
+                    "title": f"Review {q}", "status": "open", "tests": []}
+                   for i, q in enumerate(rng.sample(names, distractors))]
         scoped = in_scope(facts, scope, methods)
         targets = [q for q in scoped if exc in facts.functions[q].raises]
         query = scope
         n_hits = sum(1 for k in facts.functions if query.lower() in k.lower())
-        gold = [{"name": "search_functions", "arguments": {"query": query, "page": p}} for p in range(1, -(-n_hits // PAGE) + 1)]
+        gold = [{"name": "search_functions", "arguments": {"query": query, "page": p}}
+                for p in range(1, -(-n_hits // PAGE) + 1)]
         gold += [{"name": "get_function", "arguments": {"qualname": q}} for q in scoped]
         owners = {}
         for q in targets:
@@ -212,11 +222,14 @@ class LedgerFamily(Family):
         tickets = [dict(t) for t in initial]
         for q in targets:
             f = facts.functions[q]
-            gold.append({"name": "create_ticket", "arguments": {"qualname": q, "owner": owners[f.module], "title": f"Audit {q}"}})
+            gold.append({"name": "create_ticket",
+                         "arguments": {"qualname": q, "owner": owners[f.module], "title": f"Audit {q}"}})
             tests = facts.tests_referencing(f.name)
-            gold += [{"name": "list_tests", "arguments": {"qualname": q, "page": p}} for p in range(1, max(1, -(-len(tests) // PAGE)) + 1)]
+            gold += [{"name": "list_tests", "arguments": {"qualname": q, "page": p}}
+                     for p in range(1, max(1, -(-len(tests) // PAGE)) + 1)]
             gold += [{"name": "link_test", "arguments": {"ticket": f"T-{tid}", "test_id": t}} for t in tests]
-            tickets.append({"qualname": q, "owner": owners[f.module], "title": f"Audit {q}", "status": "open", "tests": tests})
+            tickets.append({"qualname": q, "owner": owners[f.module], "title": f"Audit {q}", "status": "open",
+                            "tests": tests})
             links += len(tests)
             tid += 1
         answer = {"tickets": len(targets), "tests": links}
@@ -224,18 +237,20 @@ class LedgerFamily(Family):
         kind = "function or method" if methods else "top-level function"
         package = any(f.module.startswith(scope + ".") for f in facts.functions.values())
         where = f"package `{scope}` (all its modules)" if package else f"module `{scope}`"
+        example = targets[0] if targets else "email.utils:formatdate"
         instr = (f"You manage a project ledger through its tools. For every {kind} in {where} whose body raises "
-                 f"`{exc}` (check each one with get_function; search_functions with query `{query}` lists them), open a "
-                 f"ticket assigned to the owner of the function's module (get_owner), titled exactly `Audit <qualname>` "
-                 f"(e.g. `Audit {targets[0] if targets else 'email.utils:formatdate'}`), and link to it every test that "
-                 f"references the function (list_tests). Do not change other tickets. Finally call submit with the answer "
-                 f"`tickets=<number of tickets you opened> tests=<number of links you made>`.")
+                 f"`{exc}` (check each one with get_function; search_functions with query `{query}` lists them), "
+                 "open a ticket assigned to the owner of the function's module (get_owner), titled exactly "
+                 f"`Audit <qualname>` (e.g. `Audit {example}`), and link to it every test that references the "
+                 "function (list_tests). Do not change other tickets. Finally call submit with the answer "
+                 "`tickets=<number of tickets you opened> tests=<number of links you made>`.")
         spec_ = {**base, "scope": scope, "exception": exc, "include_methods": methods, "initial_tickets": initial,
                  "gold": gold, "gold_state": state_hash(tickets), "answer": answer}
         limits = {"max_steps": max(40, 2 * len(gold))}
-        return AgentTask(f"{self.name}-{scope.split('.')[-1]}-{short_hash(seed, scope, exc, methods)}", self.name, self.version,
-                         seed, instr, spec_, limits, {"n_entities": len(targets), "links": links, "scope_functions": len(scoped),
-                                                      "gold_tool_calls": len(gold)})
+        task_id = f"{self.name}-{scope.split('.')[-1]}-{short_hash(seed, scope, exc, methods)}"
+        return AgentTask(task_id, self.name, self.version, seed, instr, spec_, limits,
+                         {"n_entities": len(targets), "links": links, "scope_functions": len(scoped),
+                          "gold_tool_calls": len(gold)})
 
     def environment(self, task: AgentTask, container: bool = False) -> LedgerEnvironment:
         return LedgerEnvironment(task)

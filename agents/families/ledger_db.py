@@ -54,7 +54,7 @@ def _raises(fn: ast.AST) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def _segment(lines: list[str], node: ast.AST) -> str:
+def _segment(lines: list[str], node: ast.stmt) -> str:
     """Whole source lines of `node` (ast.get_source_segment re-splits the file per call)."""
     return "".join(lines[node.lineno - 1:node.end_lineno])
 

@@ -34,7 +34,7 @@ class NeedleFunction(Family):
         files = materialize({"files": pinned})
         needles = find_needles(files)
         random.Random(seed).shuffle(needles)
-        tasks = []
+        tasks: list[AgentTask] = []
         for nd in needles:
             if len(tasks) == n:
                 break
@@ -52,8 +52,8 @@ class NeedleFunction(Family):
                      f"function or method whose docstring was removed. It does the following:\n\n  {nd.description}\n\n"
                      f"Find it and call submit with its location as `path::qualname`, for example "
                      f"`json/decoder.py::JSONDecoder.raw_decode`.")
-            task = AgentTask(f"{self.name}-{nd.name}-{short_hash(seed, answer)}", self.name, self.version, seed, instr, spec,
-                             {"max_steps": 40}, {"corpus_files": len(pinned), "needle": answer})
+            task = AgentTask(f"{self.name}-{nd.name}-{short_hash(seed, answer)}", self.name, self.version, seed, instr,
+                             spec, {"max_steps": 40}, {"corpus_files": len(pinned), "needle": answer})
             if validate(self, task) == {"gold": 1.0, "empty": 0.0}:
                 tasks.append(task)
         return tasks

@@ -68,7 +68,8 @@ class RegressionRepair(Family):
         test_files = {r for r in files if Path(r).name.startswith("test_")}
         paths = sorted(r for r in files if r not in test_files)
         random.Random(seed).shuffle(paths)
-        tasks, used = [], set()
+        tasks: list[AgentTask] = []
+        used: set[tuple[str, int, str]] = set()
         for i in range(n * 3):
             if len(tasks) == n or not paths:
                 break
@@ -101,16 +102,17 @@ class RegressionRepair(Family):
                 {"name": "run_tests", "arguments": {}}, {"name": "submit", "arguments": {"answer": ""}}]
         spec = regression_spec(bug, base, setup, gold=gold)
         tid = f"{self.name}-{bug.module}-{short_hash(seed, bug.module, m.line, m.after)}"
-        return AgentTask(tid, self.name, self.version, seed, instruction(hint, bug.f2p, bug.output, m.op, m.function, path),
-                         spec, {"max_steps": 30}, {"module": bug.module, "op": m.op, "f2p": len(bug.f2p),
-                                                   "p2p": len(bug.p2p), "hint": hint})
+        instr = instruction(hint, bug.f2p, bug.output, m.op, m.function, path)
+        return AgentTask(tid, self.name, self.version, seed, instr, spec, {"max_steps": 30},
+                         {"module": bug.module, "op": m.op, "f2p": len(bug.f2p), "p2p": len(bug.p2p), "hint": hint})
 
     def environment(self, task: AgentTask, container: bool = False) -> WorkspaceEnvironment:
         ws = open_workspace(materialize(task.spec), container)
         spec = task.spec
 
         def run_tests(selection: str | None) -> str:
-            mods = [mm for mm in spec["test_modules"] if selection is None or mm.startswith(selection) or selection.startswith(mm)]
+            mods = [mm for mm in spec["test_modules"]
+                    if selection is None or mm.startswith(selection) or selection.startswith(mm)]
             outcomes, res = run_unittests(ws, mods or spec["test_modules"], TEST_TIMEOUT_S)
             return summarize_failures(outcomes, res)
 

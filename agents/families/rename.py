@@ -81,17 +81,18 @@ def find_candidates(files: dict[str, str]) -> dict[str, dict[str, Any]]:
                     defs[n.name].append(rel)
     unsafe: set[str] = set()
     for tree in trees.values():
-        for n in ast.walk(tree):
-            if isinstance(n, ast.arg) or isinstance(n, ast.keyword):
-                unsafe.add(n.arg)
-            elif isinstance(n, ast.alias) and n.asname:
-                unsafe.update({n.name, n.asname})
-            elif isinstance(n, (ast.Global, ast.Nonlocal)):
-                unsafe.update(n.names)
-            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                unsafe.add(n.id)
-            elif isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n not in getattr(tree, "body", []):
-                unsafe.add(n.name)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.arg, ast.keyword)):
+                if node.arg is not None:  # None: the `**mapping` of a call
+                    unsafe.add(node.arg)
+            elif isinstance(node, ast.alias) and node.asname:
+                unsafe.update({node.name, node.asname})
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                unsafe.update(node.names)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                unsafe.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node not in getattr(tree, "body", []):
+                unsafe.add(node.name)
     stems = {rel.rsplit("/", 1)[-1][:-3] for rel in files if rel.endswith(".py")}
     out = {}
     for name, where in defs.items():
@@ -108,7 +109,8 @@ class CrossFileRename(Family):
     name, version = "rename", "1"
     description = "rename a lib2to3 function/class at K call sites across M files; static + test verified"
 
-    def generate(self, seed: int, n: int, k_min: int = 5, k_max: int = 40, max_steps: int | None = None) -> list[AgentTask]:
+    def generate(self, seed: int, n: int, k_min: int = 5, k_max: int = 40,
+                 max_steps: int | None = None) -> list[AgentTask]:
         pinned = package_repo()
         files = materialize({"files": pinned})
         cands = sorted((name, c) for name, c in find_candidates(files).items() if k_min <= c["sites"] <= k_max)
@@ -116,7 +118,7 @@ class CrossFileRename(Family):
             raise AgentHarnessError(f"no rename candidate with {k_min}..{k_max} sites in {PACKAGE}; widen the range")
         random.Random(seed).shuffle(cands)
         stable, _ = stable_baseline(files, TEST_MODULES, TEST_TIMEOUT_S)
-        tasks = []
+        tasks: list[AgentTask] = []
         for name, c in cands:
             if len(tasks) == n:
                 break
@@ -166,14 +168,15 @@ class CrossFileRename(Family):
                  f"under {PACKAGE}/tests/ already use the new name; do not edit them. Use search to find the "
                  f"uses, edit them, run the tests, then call submit.")
         limits = {"max_steps": max_steps or max(60, 2 * len(gold))}
-        return AgentTask(f"{self.name}-{old}-{short_hash(seed, old, new)}", self.name, self.version, seed, instr, spec, limits,
-                         {"K": k, "M": len(sites), "identifier": old, "gold_tool_calls": len(gold)})
+        return AgentTask(f"{self.name}-{old}-{short_hash(seed, old, new)}", self.name, self.version, seed, instr, spec,
+                         limits, {"K": k, "M": len(sites), "identifier": old, "gold_tool_calls": len(gold)})
 
     def environment(self, task: AgentTask, container: bool = False) -> WorkspaceEnvironment:
         ws = open_workspace(materialize(task.spec), container)
 
         def run_tests(selection: str | None) -> str:
-            mods = [m for m in task.spec["test_modules"] if selection is None or selection in m] or task.spec["test_modules"]
+            mods = ([m for m in task.spec["test_modules"] if selection is None or selection in m]
+                    or task.spec["test_modules"])
             outcomes, res = run_unittests(ws, mods, TEST_TIMEOUT_S)
             return summarize_failures(outcomes, res)
 
@@ -192,7 +195,8 @@ def grade_rename(task: AgentTask, ws: Workspace) -> Grade:
     wrong = []
     old_left = 0
     for rel in src:
-        gold_text = rename_tokens(pristine[rel], spec["old"], spec["new"])[0] if rel in spec["expected_files"] else pristine[rel]
+        gold_text = (rename_tokens(pristine[rel], spec["old"], spec["new"])[0] if rel in spec["expected_files"]
+                     else pristine[rel])
         if code_tokens(now[rel]) != code_tokens(gold_text):
             wrong.append(rel)
         old_left += sum(1 for t in code_tokens(now[rel]) if t == (tokenize.NAME, spec["old"]))

@@ -31,8 +31,10 @@ def load_preset(name_or_path: str) -> EndpointPreset:
     if not p.suffix:
         p = PRESET_DIR / f"{name_or_path}.yaml"
     if not p.exists():
-        raise MsaEvalError(f"unknown endpoint preset {name_or_path!r}; choose one of {preset_names()} or give a YAML path")
+        raise MsaEvalError(f"unknown endpoint preset {name_or_path!r}; choose one of {preset_names()} "
+                           "or give a YAML path")
     try:
         return EndpointPreset.model_validate(yaml.safe_load(p.read_text()) or {})
     except (ValidationError, yaml.YAMLError) as e:
-        raise MsaEvalError(f"bad endpoint preset {p}: expected exactly the keys base_url and model ({e.__class__.__name__})") from e
+        raise MsaEvalError(f"bad endpoint preset {p}: expected exactly the keys base_url and model "
+                           f"({e.__class__.__name__})") from e

@@ -113,12 +113,14 @@ class OpenAIBackend:
         raise EndpointConfigError(f"no API key: set the environment variable {self.cfg.api_key_env} for "
                                   f"{self.cfg.base_url} (or name another variable with api_key_env)")
 
-    def _ensure(self) -> None:
-        if self._client is None:
+    def _ensure(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+        """The client and the concurrency gate, made together on first use."""
+        if self._client is None or self._sem is None:
             self._key = self._api_key()
             self._client = openai.AsyncOpenAI(api_key=self._key, base_url=self.cfg.base_url,
                                               max_retries=0, timeout=self.cfg.timeout_s)
             self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        return self._client, self._sem
 
     def _run(self, coro: Any) -> Any:
         with self._lock:
@@ -157,18 +159,18 @@ class OpenAIBackend:
         key = request_key(self.cfg.base_url, endpoint, payload)
         if self._cache is not None and (hit := self._cache.get(key)) is not None:
             return {**hit, "cached": True}
-        self._ensure()
+        client, sem = self._ensure()
 
         def on_retry(attempt: int, e: BaseException) -> None:
             self.retries += 1
 
         async def attempt() -> dict[str, Any]:
-            return await asyncio.wait_for(call_once(self._client, endpoint, payload, self.cfg.stream), self.cfg.timeout_s)
+            return await asyncio.wait_for(call_once(client, endpoint, payload, self.cfg.stream), self.cfg.timeout_s)
 
-        async with self._sem:  # type: ignore[union-attr]
+        async with sem:
             try:
                 out = await with_retries(attempt, self._policy, on_retry)
-            except Exception as e:  # the provider's text (it may echo the key) is not chained along
+            except Exception as e:  # noqa: BLE001 - any failure becomes one redacted BackendError, not chained
                 raise self._backend_error(e) from None
         out["cost_usd"] = self._prices.cost(self.cfg.model, out["prompt_tokens"], out["completion_tokens"])
         if self._cache is not None:

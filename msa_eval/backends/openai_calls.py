@@ -42,7 +42,7 @@ async def call_once(client: AsyncOpenAI, endpoint: str, payload: dict[str, Any],
     create = client.chat.completions.create if endpoint == "chat" else client.completions.create
     events = await create(**payload, stream=True, stream_options={"include_usage": True})
     pieces: list[str] = []
-    calls: dict[int, dict[str, str]] = {}
+    slots: dict[int, dict[str, str]] = {}  # streamed tool calls by index
     finish, usage, ttft, fingerprint = None, None, None, None
     try:  # close the HTTP stream also when cancelled (timeout) or failing mid-way
         async for chunk in events:
@@ -54,7 +54,7 @@ async def call_once(client: AsyncOpenAI, endpoint: str, payload: dict[str, Any],
                     delta = choice.delta
                     piece = (delta.content or "") if delta is not None else ""
                     for tc in (getattr(delta, "tool_calls", None) or []) if delta is not None else []:
-                        slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                        slot = slots.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
                         slot["id"] = tc.id or slot["id"]
                         if tc.function is not None:
                             slot["name"] += tc.function.name or ""
@@ -71,6 +71,6 @@ async def call_once(client: AsyncOpenAI, endpoint: str, payload: dict[str, Any],
     finally:
         await events.close()
     p, c = _usage(usage)
-    return {"text": "".join(pieces), "tool_calls": [calls[i] for i in sorted(calls)], "finish_reason": finish or "stop",
+    return {"text": "".join(pieces), "tool_calls": [slots[i] for i in sorted(slots)], "finish_reason": finish or "stop",
             "prompt_tokens": p, "completion_tokens": c, "ttft_s": ttft, "latency_s": time.perf_counter() - start,
             "system_fingerprint": fingerprint}

@@ -42,7 +42,8 @@ class PriceTable:
             data = PriceFile.model_validate(yaml.safe_load(p.read_text()) or {})
         except (ValidationError, yaml.YAMLError) as e:
             first = str(e).splitlines()[0:3]
-            raise MsaEvalError(f"bad price table {p}: {' '.join(first)}; expected models: {{id: {{input_per_mtok, output_per_mtok}}}}") from e
+            raise MsaEvalError(f"bad price table {p}: {' '.join(first)}; "
+                               "expected models: {id: {input_per_mtok, output_per_mtok}}") from e
         return cls(data.models)
 
     def cost(self, model: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:

@@ -27,11 +27,12 @@ class RunDispatch(click.Group):
     """`run agents ...` -> the agent batch; anything else -> the original `run SUITE` command."""
 
     def __init__(self, fallback: click.Command | None):
-        super().__init__(name="run", help=(fallback.help if fallback else "Run a suite.") +
+        super().__init__(name="run", help=((fallback.help or "") if fallback else "Run a suite.") +
                          "\n\n`run agents --suite S` runs an agent suite.")
         self.fallback = fallback
         if fallback is not None:
-            fallback.epilog = (fallback.epilog or "") + "Agent suites: msa-eval run agents --suite S (see run agents --help)."
+            fallback.epilog = ((fallback.epilog or "")
+                               + "Agent suites: msa-eval run agents --suite S (see run agents --help).")
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if self.fallback is None or (args and args[0] in self.commands):
@@ -42,6 +43,7 @@ class RunDispatch(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         args = ctx.meta.pop("msa_run_fallback_args", None)
         if args is not None:
+            assert self.fallback is not None  # parse_args only sets the arguments aside with a fallback
             with self.fallback.make_context("run", args, parent=ctx.parent) as sub:
                 return self.fallback.invoke(sub)
         return super().invoke(ctx)
@@ -55,15 +57,19 @@ def agent() -> None:
 def _backend_opts(f):
     opts = [
         click.option("--backend", "backend_kind", type=click.Choice(BACKENDS), default="oracle", show_default=True,
-                     help="oracle = scripted gold replay; local = in-process engine; openai = any endpoint (e.g. msa-eval serve)."),
-        click.option("--model", default=None, help="local: name/HF dir/.gguf (default smollm2-135m); openai: model id."),
+                     help="oracle = scripted gold replay; local = in-process engine; "
+                          "openai = any endpoint (e.g. msa-eval serve)."),
+        click.option("--model", default=None,
+                     help="local: name/HF dir/.gguf (default smollm2-135m); openai: model id."),
         attention_option(),
         click.option("--base-url", default=None, help="openai backend base URL (.../v1)."),
         click.option("--suite", default="default", show_default=True, help="Agent suite in configs/agents.yaml."),
         click.option("--config", "config_path", type=click.Path(path_type=Path), default=None, help="Suite YAML."),
         click.option("--max-steps", type=click.IntRange(min=1), default=None, help="Override the task's step limit."),
-        click.option("--context-policy", type=click.Choice(["none", "truncate-observations", "summarize"]), default="none", show_default=True),
-        click.option("--context-window", type=click.IntRange(min=1), default=None, help="Tokens the model accepts (default 131072)."),
+        click.option("--context-policy", type=click.Choice(["none", "truncate-observations", "summarize"]),
+                     default="none", show_default=True),
+        click.option("--context-window", type=click.IntRange(min=1), default=None,
+                     help="Tokens the model accepts (default 131072)."),
         click.option("--tool-mode", type=click.Choice(["native", "text"]), default="native", show_default=True),
         click.option("--max-output-tokens", type=click.IntRange(min=1), default=1024, show_default=True),
         click.option("--max-wall-s", type=click.FloatRange(min=0, min_open=True), default=None),
@@ -118,7 +124,8 @@ def _make_backend(kw: dict[str, Any]):
 
             tok, _ = load_reference_tokenizer(kw["tokenizer"])
             count = lambda text: len(tok.encode(text))  # noqa: E731
-        return (lambda task: OraclePolicy(task.gold, count, task.id)), "oracle", {"name": "oracle", "tokenizer": kw.get("tokenizer")}
+        info = {"name": "oracle", "tokenizer": kw.get("tokenizer")}
+        return (lambda task: OraclePolicy(task.gold, count, task.id)), "oracle", info
     from msa_eval.backends.factory import make_backend
 
     model = kw["model"] or "smollm2-135m"
@@ -187,11 +194,13 @@ def list_cmd(suite, config_path, validate, regenerate, as_json) -> None:
 @click.option("--task", "task_ref", required=True,
               help="FAMILY (its first task: regression, needle, rename, ledger or A-D), FAMILY:ID or ID.")
 @_backend_opts
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Trajectory path (default runs/agents/<task>-<backend>.jsonl).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Trajectory path (default runs/agents/<task>-<backend>.jsonl).")
 @click.option("--resume", "resume", is_flag=True, help="Continue the trajectory at --out.")
 @click.option("--source", type=click.Path(path_type=Path), default=None,
               help="A regression task from your own repository (a folder with test_*.py files), not the suite.")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Generator seed with --source.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Generator seed with --source.")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
     """Run one agent task through the loop and grade it (generating its suite entry on first use)."""
@@ -204,7 +213,8 @@ def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
 
         tasks = get_family("regression").generate(seed, 1, source=str(source))
         if not tasks:
-            raise AgentHarnessError(f"no single-site mutation of {source} breaks its tests; try another --seed or repository")
+            raise AgentHarnessError(f"no single-site mutation of {source} breaks its tests; "
+                                    "try another --seed or repository")
         task = tasks[0]
     else:
         task = find_task(_open_suite(kw), task_ref)
@@ -239,7 +249,8 @@ def show_cmd(trajectory, max_chars, as_json) -> None:
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True, help="Tasks in flight, >= 1.")
 @click.option("--families", default=None, help="Only these families, e.g. regression,needle (or A,B).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N tasks (>= 1).")
-@click.option("--out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/agents-<suite>-<backend>).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default runs/agents-<suite>-<backend>).")
 @click.option("--json", "as_json", is_flag=True)
 def run_agents(concurrency, families, limit, out, as_json, **kw) -> None:
     """Run an agent suite as a batch (resumable: rerun the same command to continue)."""

@@ -31,7 +31,8 @@ def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top
     if not prompt:
         raise MsaEvalError('PROMPT is empty: give the text to continue, e.g. msa-eval generate "Once upon a time"')
     if any(s == "" for s in stop):
-        raise MsaEvalError("--stop got an empty string (it would stop before the first token): give a non-empty stop string")
+        raise MsaEvalError("--stop got an empty string (it would stop before the first token): "
+                           "give a non-empty stop string")
     from engine import LLM, SamplingParams
     from engine.textstream import IncrementalText
 

@@ -1,6 +1,8 @@
 """`msa-eval models list | pull NAME | info NAME`."""
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from msa_eval import display
@@ -17,7 +19,7 @@ def list_models(as_json: bool) -> None:
     """Built-in models and whether they are in the cache."""
     from engine import store
 
-    rows = [{"name": m.name, "cached": store.is_cached(m.name), "size_bytes": m.size,
+    rows: list[dict[str, Any]] = [{"name": m.name, "cached": store.is_cached(m.name), "size_bytes": m.size,
              "path": str(store.cached_path(m.name)), "description": m.description}
             for m in store.BUILTIN_MODELS.values()]
     if as_json:
@@ -49,7 +51,7 @@ def info(name: str, as_json: bool) -> None:
     from engine.loader import load
 
     m = load(name)
-    d = {"model_id": m.model_id, "path": str(m.path), "sha256": m.sha256,
+    d: dict[str, Any] = {"model_id": m.model_id, "path": str(m.path), "sha256": m.sha256,
          "config": dataclasses.asdict(m.config), "chat_template": m.tokenizer.chat_template is not None,
          "tokenizer_sha256": m.tokenizer.fingerprint(),
          "parameters": sum(t.numel() for t in m.weights.values())}
@@ -61,5 +63,6 @@ def info(name: str, as_json: bool) -> None:
             ("path", d["path"]), ("arch", c.arch), ("layers", c.num_layers), ("hidden", c.hidden_size),
             ("heads q/kv", f"{c.num_heads}/{c.num_kv_heads} (group {c.group_size})"),
             ("head dim", c.head_dim), ("context", c.max_position), ("rope theta", c.rope_theta),
-            ("rope scaling", c.rope_scaling.kind), ("vocab", c.vocab_size), ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
+            ("rope scaling", c.rope_scaling.kind), ("vocab", c.vocab_size),
+            ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
             ("chat template", "yes" if d["chat_template"] else "no"), ("sha256", d["sha256"] or "-")])

@@ -17,28 +17,37 @@ from msa_eval.cli.options import attention_option, engine_kwargs, engine_options
 @click.argument("suite", default="helmet")
 @click.option("--backend", "backend_kind", type=click.Choice(["local", "openai"]), default="local",
               show_default=True, help="Where the model runs.")
-@click.option("--model", default=None, help="local: built-in name, HF dir or .gguf (default smollm2-135m); openai: model id.")
+@click.option("--model", default=None,
+              help="local: built-in name, HF dir or .gguf (default smollm2-135m); openai: model id.")
 @attention_option("both", extra=("both",), help="local backend attention (both: msa and dense).")
 @click.option("--base-url", default=None, help="openai backend: the endpoint's base URL (…/v1).")
 @click.option("--tokenizer", "reference", default=None,
-              help="Reference tokenizer for prompt fitting (model name/path or tokenizer.json); default: the local model, else smollm2-135m.")
+              help="Reference tokenizer for prompt fitting (model name/path or tokenizer.json); "
+                   "default: the local model, else smollm2-135m.")
 @click.option("--lengths", default=None, help="Target lengths, e.g. 2k,4k,8k (default: the suite's).")
 @click.option("--samples", type=click.IntRange(min=1), default=None, help="Samples per task and length.")
 @click.option("--tasks", "task_names", default=None, help="Comma-separated task names (default: the suite's).")
-@click.option("--mode", type=click.Choice(["chat", "completion"]), default=None, help="Prompt mode (default: the suite's).")
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Generator seed, 0..2**63-1 (default: the suite's).")
-@click.option("--concurrency", type=click.IntRange(min=1), default=None, help="Requests per batch, >= 1 (local default 1, openai 8).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Run at most N samples per task and length (same run directory).")
-@click.option("--out", "out", type=click.Path(path_type=Path), default=None, help="Run directory (default runs/<suite>-<backend>-<config hash>).")
+@click.option("--mode", type=click.Choice(["chat", "completion"]), default=None,
+              help="Prompt mode (default: the suite's).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None,
+              help="Generator seed, 0..2**63-1 (default: the suite's).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Requests per batch, >= 1 (local default 1, openai 8).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Run at most N samples per task and length (same run directory).")
+@click.option("--out", "out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default runs/<suite>-<backend>-<config hash>).")
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
-              help="Backend option, repeatable (openai: max_retries=0, chat_only=true, ...; local: max_num_seqs=4, ...).")
+              help="Backend option, repeatable (openai: max_retries=0, chat_only=true, ...; "
+                   "local: max_num_seqs=4, ...).")
 @click.option("--judge", "judge", default=None, metavar="SPEC",
               help="Optional judge of the open-ended tasks (summ, longqa), off by default and never in the "
                    "headline: local[:MODEL[:ATTENTION]], openai:MODEL@BASE_URL or preset:NAME.")
 @click.option("--judge-opt", "judge_opts", multiple=True, metavar="KEY=VALUE",
               help="Judge backend option, repeatable (e.g. api_key_env=MY_KEY).")
 @engine_options
-@click.option("--dry-run", is_flag=True, help="Build prompts and show token counts (with --json: the prompts); load no model.")
+@click.option("--dry-run", is_flag=True,
+              help="Build prompts and show token counts (with --json: the prompts); load no model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
         mode, seed, concurrency, limit, out, backend_opts, judge, judge_opts, weights, kv_cache_tokens,

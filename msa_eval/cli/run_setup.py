@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from engine.attention.kinds import uses_indexer
+from engine.attention.kinds import AttentionKind, uses_indexer
 from msa_eval.runner.config import (
     BackendSpec,
     ConfigError,
+    Mode,
     RunConfig,
     SuiteConfig,
     TaskEntry,
@@ -28,13 +29,13 @@ class RunArgs:
     suite: str
     backend: str
     model: str | None
-    attention: str
+    attention: AttentionKind | Literal["both"]
     base_url: str | None
     reference: str | None
     lengths: str | None
     samples: int | None
     tasks: str | None
-    mode: str | None
+    mode: Mode | None
     seed: int | None
     concurrency: int | None
     limit: int | None
@@ -71,10 +72,10 @@ def _backends(a: RunArgs, suite: SuiteConfig) -> tuple[BackendSpec, ...]:
     opts = parse_backend_opts(tuple(a.backend_opts))
     if a.backend == "local":
         model = a.model or DEFAULT_MODEL
-        kinds = ("msa", "dense") if a.attention == "both" else (a.attention,)
+        kinds: tuple[AttentionKind, ...] = ("msa", "dense") if a.attention == "both" else (a.attention,)
         opts = {**a.engine_opts, **opts}
 
-        def for_kind(k: str) -> dict[str, Any]:
+        def for_kind(k: AttentionKind) -> dict[str, Any]:
             if not uses_indexer(k) or not (suite.msa_overrides or "msa_overrides" in opts):
                 return {x: v for x, v in opts.items() if x != "msa_overrides"}
             return {**opts, "msa_overrides": {**suite.msa_overrides, **opts.get("msa_overrides", {})}}

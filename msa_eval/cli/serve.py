@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from engine.attention.kinds import AttentionKind
 from engine.server.config import ServerConfig
 from msa_eval.cli.options import attention_option, engine_options
 from msa_eval.errors import MsaEvalError
@@ -29,7 +30,7 @@ _D = ServerConfig()  # the defaults, shared with `python -m engine.server`
 @engine_options
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(model: str, attention: str, host: str, port: int, max_batch: int, max_queue: int,
+def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch: int, max_queue: int,
           max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
           weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""

@@ -23,23 +23,37 @@ def _layers(value: str | None) -> tuple[int, ...] | None:
 
 @click.command("sparsify")
 @click.option("--model", required=True, help="Built-in name, HF directory or .gguf path (a dense GQA model).")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Adapter folder to write (resumes a checkpoint there).")
-@click.option("--block-size", default=128, show_default=True, type=click.Choice(["64", "128"]), help="MSA block = KV page size.")
-@click.option("--topk", default=16, show_default=True, type=click.Choice(["4", "8", "16", "32"]), help="Blocks per query (own block included).")
-@click.option("--d-idx", default=None, type=click.Choice(["16", "32", "64", "128", "256"]), help="Index head dim [default: the model's head dim].")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Adapter folder to write (resumes a checkpoint there).")
+@click.option("--block-size", default=128, show_default=True, type=click.Choice(["64", "128"]),
+              help="MSA block = KV page size.")
+@click.option("--topk", default=16, show_default=True, type=click.Choice(["4", "8", "16", "32"]),
+              help="Blocks per query (own block included).")
+@click.option("--d-idx", default=None, type=click.Choice(["16", "32", "64", "128", "256"]),
+              help="Index head dim [default: the model's head dim].")
 @click.option("--dense-layers", default=None, help="Comma-separated layers kept dense [default: 0,1], or 'none'.")
-@click.option("--index-norm/--no-index-norm", default=False, show_default=True, help="Learned RMSNorm on the index heads.")
-@click.option("--tokens", default=16384, show_default=True, type=click.IntRange(min=1), help="Calibration tokens (plus one held-out sequence).")
+@click.option("--index-norm/--no-index-norm", default=False, show_default=True,
+              help="Learned RMSNorm on the index heads.")
+@click.option("--tokens", default=16384, show_default=True, type=click.IntRange(min=1),
+              help="Calibration tokens (plus one held-out sequence).")
 @click.option("--seq-len", default=8192, show_default=True, type=click.IntRange(min=128))
-@click.option("--warmup-steps", default=40, show_default=True, type=click.IntRange(min=0), help="Dense-KL steps per layer.")
-@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=0), help="Sparse-KL steps per layer after the warm-up.")
+@click.option("--warmup-steps", default=40, show_default=True, type=click.IntRange(min=0),
+              help="Dense-KL steps per layer.")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Sparse-KL steps per layer after the warm-up.")
 @click.option("--queries", default=128, show_default=True, type=click.IntRange(min=1), help="Query positions per step.")
 @click.option("--lr", default=2e-3, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--teacher", default="mean", show_default=True, type=click.Choice(["mean", "max"]), help="Group teacher: mean of the heads' probabilities (msa-spec) or their per-key max, renormalised.")
-@click.option("--long-range", default=0.0, show_default=True, type=click.FloatRange(0, 1), help="Share of each step's queries taken as those with the most attention mass outside their own block.")
-@click.option("--recurrence", default=0.0, show_default=True, type=click.FloatRange(0, 0.5), help="Share of training tokens overwritten by copies of earlier spans of the same sequence (long-range look-ups).")
+@click.option("--teacher", default="mean", show_default=True, type=click.Choice(["mean", "max"]),
+              help="Group teacher: mean of the heads' probabilities (msa-spec) or their per-key max, renormalised.")
+@click.option("--long-range", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of each step's queries taken as those with the most attention mass outside their own block.")
+@click.option("--recurrence", default=0.0, show_default=True, type=click.FloatRange(0, 0.5),
+              help="Share of training tokens overwritten by copies of earlier spans of the same sequence (long-range "
+                   "look-ups).")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--data", multiple=True, type=click.Path(exists=True), help="Text / .jsonl files, folders or a saved `datasets` dataset (repeatable) [default: an offline corpus from this machine].")
+@click.option("--data", multiple=True, type=click.Path(exists=True),
+              help="Text / .jsonl files, folders or a saved `datasets` dataset (repeatable) [default: an offline "
+                   "corpus from this machine].")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--json", "as_json", is_flag=True, help="Print the provenance as JSON.")
 def sparsify_cmd(model, out, block_size, topk, d_idx, dense_layers, index_norm, tokens, seq_len, warmup_steps,

@@ -1,9 +1,14 @@
 """`msa-eval tasks list | show NAME`: the registered tasks and a rendered sample."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from msa_eval import display
+
+if TYPE_CHECKING:
+    from tasks.base import PromptMode
 
 
 @click.group()
@@ -35,7 +40,7 @@ def list_tasks(as_json: bool) -> None:
 @click.option("--tokenizer", "reference", default="smollm2-135m", show_default=True,
               help="Reference tokenizer (model name/path or tokenizer.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole sample as JSON.")
-def show(name: str, length: str, index: int, mode: str, seed: int, reference: str, as_json: bool) -> None:
+def show(name: str, length: str, index: int, mode: PromptMode, seed: int, reference: str, as_json: bool) -> None:
     """Describe task NAME and render one sample (prompt head and tail, gold, metadata)."""
     from msa_eval.runner.config import ConfigError, parse_length
     from msa_eval.runner.plan import make_task

@@ -73,8 +73,8 @@ def _mean(xs: list[float]) -> float | None:
 def _cost(rs: list[dict[str, Any]]) -> float | None:
     """Summed cost; None when unknown: a record without cost, or a hosted (openai) backend
     whose provider reported no cost at all (the harness then sums zeros)."""
-    costs = [r.get("cost_usd") for r in rs]
-    if any(c is None for c in costs):
+    costs = [c for r in rs if (c := r.get("cost_usd")) is not None]
+    if len(costs) < len(rs):
         return None
     total = sum(costs)
     if total == 0 and any(r["backend"].startswith("openai:") for r in rs):
@@ -111,8 +111,8 @@ def build_agent_report(records: list[dict[str, Any]]) -> AgentReport:
         for fam in sorted({_family(r) for r in rs}, key=lambda f: (order.get(f, len(order)), f)):
             rows.append(_row(b, fam, [r for r in rs if _family(r) == fam]))
         rows.append(_row(b, "overall", rs))
-    notes = ["success rate = mean score (0-1, partial credit in family rename); overall = over all tasks; "
-             "tokens = prompt + completion summed over calls; cost empty when unknown"]
+    notes = [("success rate = mean score (0-1, partial credit in family rename); overall = over all tasks; "
+              "tokens = prompt + completion summed over calls; cost empty when unknown")]
     return AgentReport(rows, notes)
 
 

@@ -101,19 +101,19 @@ def judge_rows(records: list[SampleRecord], columns) -> list[dict[str, Any]]:
     """The optional judge's verdicts per (judge, task, column): mean normalised score x 100
     over parsed verdicts, with counts. Kept apart from the headline rows and deltas."""
     out = []
-    judged = [r for r in records if r.judge]
-    for key in sorted({r.judge["judge"] for r in judged}):
-        mine = [r for r in judged if r.judge["judge"] == key]
-        for t in sorted({r.task for r in mine}):
+    judged = [(r, r.judge) for r in records if r.judge]
+    for key in sorted({j["judge"] for _, j in judged}):
+        mine = [(r, j) for r, j in judged if j["judge"] == key]
+        for t in sorted({r.task for r, _ in mine}):
             for b, n in columns:
-                rs = [r for r in mine if r.task == t and r.backend == b and r.length == n]
-                if not rs:
+                js = [j for r, j in mine if r.task == t and r.backend == b and r.length == n]
+                if not js:
                     continue
-                vals = [r.judge["normalized"] for r in rs if r.judge.get("normalized") is not None]
+                vals = [j["normalized"] for j in js if j.get("normalized") is not None]
                 out.append({"judge": key, "task": t, "column": Report.col(b, n),
                             "mean": _pct(sum(vals) / len(vals)) if vals else None, "n": len(vals),
-                            "unparsed": sum(r.judge.get("status") == "unparsed" for r in rs),
-                            "errors": sum(r.judge.get("status") == "error" for r in rs)})
+                            "unparsed": sum(j.get("status") == "unparsed" for j in js),
+                            "errors": sum(j.get("status") == "error" for j in js)})
     return out
 
 
@@ -159,10 +159,11 @@ def _efficiency(records: list[SampleRecord], columns) -> list[dict[str, Any]]:
         mem = [r.peak_mem_bytes for r in rs if r.peak_mem_bytes]
         pre = median([r.prefill_s * 1000 for r in rs if r.prefill_s is not None])
         lat = median([r.latency_s for r in rs if r.latency_s is not None])
+        tok = median(tok_s)
         out.append({
             "column": Report.col(b, n), "backend": b, "length": n, "samples": k,
             "prefill_ms": round(pre, 1) if pre is not None else None,
-            "decode_tok_s": round(median(tok_s), 2) if tok_s else None,
+            "decode_tok_s": round(tok, 2) if tok is not None else None,
             "latency_s": round(lat, 2) if lat is not None else None,
             "peak_mem_mb": round(max(mem) / 2**20, 1) if mem else None,
             "attention_density": round(sum(dens) / len(dens), 3) if dens else None,

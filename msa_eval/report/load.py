@@ -49,8 +49,8 @@ def load_runs(run_dirs: list[Path], warn: Callable[[str], None] | None = None) -
     seen: dict[str, Path] = {}
     for d in run_dirs:
         run = load_run(Path(d))
-        if warn is not None and run.warning():
-            warn(run.warning())
+        if warn is not None and (warning := run.warning()):
+            warn(warning)
         rename: dict[str, str] = {}
         for key in sorted({r.backend for r in run.records}):
             if key in seen and seen[key] != run.run_dir:

@@ -31,7 +31,7 @@ def plot_report(rep: Report, records: list[SampleRecord], out_dir: Path) -> list
             by_backend[b].append((n, v))
     fig, ax = plt.subplots(figsize=(6, 4))
     for b, pts in by_backend.items():
-        xs, ys = zip(*sorted(pts))
+        xs, ys = zip(*sorted(pts), strict=True)
         ax.plot(xs, ys, marker="o", label=b)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("target length (tokens)")
@@ -50,8 +50,8 @@ def plot_report(rep: Report, records: list[SampleRecord], out_dir: Path) -> list
         bins = [i / 10 for i in range(11)]
         grid = [[float("nan")] * len(lengths) for _ in bins]
         for j, n in enumerate(lengths):
-            for i, d in enumerate(bins):
-                sc = [r.score for r in rs if r.length == n and round(r.depth * 10) == i]
+            for i in range(len(bins)):
+                sc = [r.score for r in rs if r.length == n and r.depth is not None and round(r.depth * 10) == i]
                 if sc:
                     grid[i][j] = 100 * sum(sc) / len(sc)
         fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 4))

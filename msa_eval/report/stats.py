@@ -10,7 +10,7 @@ def paired_bootstrap(a: list[float], b: list[float], n_boot: int = 2000, seed: i
     a[i] and b[i] are scores of the same sample under two systems."""
     if len(a) != len(b) or not a:
         raise ValueError("paired_bootstrap needs two equally long, non-empty score lists")
-    d = [x - y for x, y in zip(a, b)]
+    d = [x - y for x, y in zip(a, b, strict=True)]
     n = len(d)
     mean = sum(d) / n
     rng = random.Random(seed)

@@ -49,14 +49,14 @@ def to_markdown(rep: Report) -> str:
     out += ["", "| " + " | ".join(EFF_FIELDS) + " |", "|" + "---|" * len(EFF_FIELDS)]
     for e in rep.efficiency:
         out.append("| " + " | ".join("" if e[f] is None else str(e[f]) for f in EFF_FIELDS) + " |")
-    out += ["", "Scores are 0-100 (headline metric per task); overall = mean of category means; "
-            "empty or failed outputs score 0. Δ: paired over identical prompts, stratified "
-            "bootstrap 95% CI."]
+    out += ["", ("Scores are 0-100 (headline metric per task); overall = mean of category means; "
+                 "empty or failed outputs score 0. Δ: paired over identical prompts, stratified "
+                 "bootstrap 95% CI.")]
     out += [f"Note: {n}" for n in rep.notes]
     if rep.judge:
         out += ["", "## Optional judge (not in the headline)", "",
-                "A model's grade (rubric 0-3, shown as 0-100) of the open-ended outputs; it is not "
-                "part of the scores, category means, overall score or deltas above.", "",
+                ("A model's grade (rubric 0-3, shown as 0-100) of the open-ended outputs; it is not "
+                 "part of the scores, category means, overall score or deltas above."), "",
                 "| " + " | ".join(JUDGE_FIELDS) + " |", "|" + "---|" * len(JUDGE_FIELDS)]
         for j in rep.judge:
             out.append("| " + " | ".join("" if j[f] is None else str(j[f]) for f in JUDGE_FIELDS) + " |")

@@ -111,7 +111,7 @@ def run_suite(
                 batch = pending[i:i + max(1, cfg.concurrency)]
                 sent = [to_request(s, backend, reference_tokenizer) for s in batch]
                 results = backend.generate([req for req, _ in sent])
-                new = [to_record(key, s, r, fmt) for s, r, (_, fmt) in zip(batch, results, sent)]
+                new = [to_record(key, s, r, fmt) for s, r, (_, fmt) in zip(batch, results, sent, strict=True)]
                 append_records(path, new)
                 records.extend(new)
                 result.generated += len(new)

@@ -50,7 +50,7 @@ class _StoryQA(Task):
             r = random.Random(seed ^ 0x570)
             units = [story.filler(r, people) for _ in range(n)]
             others = [e.sentence() for e in evs[1:]]
-            for i, s in enumerate(others[: max(0, n // 6)]):  # distractor events, spread out
+            for s in others[: max(0, n // 6)]:  # distractor events, spread out
                 units.insert(r.randrange(len(units) + 1), s)
             units.insert(round(depth * len(units)), key.sentence())
             if tail:

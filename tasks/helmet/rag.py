@@ -27,7 +27,7 @@ class RagAnalogue(Task):
         attr = rng.choice(world.ATTRIBUTES)
         question = world.QUESTIONS[attr].format(name=target.name)
         depth = depth_for(index)
-        others = [p for p in pool[1:]]
+        others = list(pool[1:])
         same_sur = [p for p in others if p.surname == target.surname]
         negatives = same_sur + [p for p in others if p.surname != target.surname]
         before = ("Use the given documents to write a concise and short answer to the question. "

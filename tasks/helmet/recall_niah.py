@@ -56,12 +56,12 @@ class NiahTask(Task):
         vtype = self.value_kind
         if self.num_values == 1:
             one = vtype[:-1]
-            return (f"A special magic {one} is hidden within the following text. Make sure to "
-                    f"memorize it. I will quiz you about the {one} afterwards.\n",
+            return ((f"A special magic {one} is hidden within the following text. Make sure to "
+                     f"memorize it. I will quiz you about the {one} afterwards.\n"),
                     f"\nWhat is the special magic {one} for {key} mentioned in the provided text?",
                     f"The special magic {one} for {key} mentioned in the provided text is")
-        return (f"Some special magic {vtype} are hidden within the following text. Make sure to "
-                f"memorize it. I will quiz you about the {vtype} afterwards.\n",
+        return ((f"Some special magic {vtype} are hidden within the following text. Make sure to "
+                 f"memorize it. I will quiz you about the {vtype} afterwards.\n"),
                 f"\nWhat are all the special magic {vtype} for {key} mentioned in the provided text?",
                 f"The special magic {vtype} for {key} mentioned in the provided text are")
 
@@ -78,7 +78,7 @@ class NiahTask(Task):
             units = self._haystack(seed, n + (1 if tail else 0), {key})
             if tail:  # a partial extra haystack unit closes the gap to the target length
                 units[-1] = cut_to_tokens(units[-1], tail, spec.tokenizer)
-            for d, v in sorted(zip(depths, values), reverse=True):
+            for d, v in sorted(zip(depths, values, strict=True), reverse=True):
                 pos = round(d * len(units))
                 units.insert(pos, self._needle(key, v))
             return PromptParts(before, " ".join(units), after, prefix, chat_prefix=self.chat_prefix)

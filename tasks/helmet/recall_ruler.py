@@ -53,7 +53,7 @@ class VariableTracking(_RulerTask):
 
         def make(n: int, tail: int) -> PromptParts:
             units = text.noise_sentences(n)
-            for f, stmt in sorted(zip(fracs, chain), reverse=True):
+            for f, stmt in sorted(zip(fracs, chain, strict=True), reverse=True):
                 units.insert(round(f * n), stmt)
             if tail:
                 units.append(cut_to_tokens(text.NOISE_SENTENCES, tail, spec.tokenizer))
@@ -114,7 +114,7 @@ class FrequentWords(_RulerTask):
 
         def make(n: int, tail: int) -> PromptParts:
             vocab, counts = counts_for(n)
-            words = [v for v, c in zip(vocab, counts) for _ in range(c)]
+            words = [v for v, c in zip(vocab, counts, strict=True) for _ in range(c)]
             random.Random(seed ^ 0x5F).shuffle(words)
             return PromptParts(before, " .... ".join(words), after, prefix)
 

@@ -37,7 +37,7 @@ class SummAnalogue(Task):
         def make(n: int, tail: int) -> PromptParts:
             r = random.Random(seed ^ 0x5A3)
             units = [story.filler(r, people) for _ in range(n)]
-            for f, e in sorted(zip(fracs, evs), key=lambda x: -x[0]):
+            for f, e in sorted(zip(fracs, evs, strict=True), key=lambda x: -x[0]):
                 units.insert(round(f * len(units)), e.sentence())
             if tail:
                 units.append(cut_to_tokens(story.filler(r, people), tail, spec.tokenizer))

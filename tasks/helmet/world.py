@@ -62,7 +62,8 @@ def people(rng: random.Random, n: int, surnames: int | None = None) -> list[Pers
     sur = text.distinct(rng, lambda r: text.name(r, 2), k)
     towns = text.distinct(rng, lambda r: text.name(r, 2) + r.choice(("ford", "holm", "wick", "by")), n)
     years = text.distinct(rng, lambda r: str(r.randrange(1600, 1990)), n)
-    employers = text.distinct(rng, lambda r: f"{text.name(r)} {r.choice(('Works', 'Company', 'Guild', 'Trading House'))}", n)
+    kinds = ("Works", "Company", "Guild", "Trading House")
+    employers = text.distinct(rng, lambda r: f"{text.name(r)} {r.choice(kinds)}", n)
     out: list[Person] = []
     seen: set[str] = set()
     for i in range(n):

@@ -19,8 +19,7 @@ def parse_ranking(text: str | None) -> list[int]:
             best = ids
     if not best:
         best = [int(x) for x in re.findall(r"\[(\d+)\]", text)]
-    seen: set[int] = set()
-    return [i for i in best if not (i in seen or seen.add(i))]
+    return list(dict.fromkeys(best))  # first occurrences, in order
 
 
 def ndcg_at_k(ranking: list[int], qrels: dict[int, int], k: int = 10) -> float:

@@ -48,7 +48,8 @@ def stdlib_repo(module: str) -> tuple[dict[str, Any], dict[str, str], list[str]]
     src, test = lib / f"{module}.py", lib / "test" / f"test_{module}.py"
     if not src.is_file() or not test.is_file():
         raise HarnessError(f"stdlib module {module!r} or its test file is missing; pick another module")
-    return pin({f"{module}.py": src, f"tests/test_{module}.py": test}), {"tests/__init__.py": ""}, [f"tests.test_{module}"]
+    pinned = pin({f"{module}.py": src, f"tests/test_{module}.py": test})
+    return pinned, {"tests/__init__.py": ""}, [f"tests.test_{module}"]
 
 
 def stdlib_baseline(module: str) -> Baseline:

@@ -65,7 +65,8 @@ def find_needles(files: dict[str, str]) -> list[Needle]:
             d = node.body[0]
             desc = summary(doc)
             body_lines = node.end_lineno - d.end_lineno
-            whole = lines[d.lineno - 1][:d.col_offset].strip() == "" and lines[d.end_lineno - 1][d.end_col_offset:].strip() == ""
+            whole = (lines[d.lineno - 1][:d.col_offset].strip() == ""
+                     and lines[d.end_lineno - 1][d.end_col_offset:].strip() == "")
             if not (5 <= body_lines <= 60 and 6 <= len(desc.split()) <= 80 and whole):
                 continue
             if any(w in desc.lower() for w in _words(node.name)) or node.name in desc:

@@ -30,11 +30,11 @@ class Mutation:
     after: str  # the whole mutated line
 
 
-def _between(lines: list[str], a: ast.AST, b: ast.AST) -> tuple[int, int, int] | None:
+def _between(lines: list[str], a: ast.expr, b: ast.expr) -> tuple[int, int, int] | None:
     """(line index, start col, end col) of the text between two nodes on one line."""
-    if a.end_lineno != b.lineno:
+    if a.end_lineno != b.lineno or a.end_col_offset is None:  # parsed nodes always have an end
         return None
-    return a.end_lineno - 1, a.end_col_offset, b.col_offset
+    return b.lineno - 1, a.end_col_offset, b.col_offset
 
 
 def _sub_op(lines, span, old: str, new: str) -> str | None:

@@ -2,11 +2,12 @@
 
 One regression per sample: the seeded AST bug in a real stdlib module that the agent family
 finds for the same seed and module (`tasks/repo/bugs.py`), validated (the fixed repository
-passes its fail-to-pass and pass-to-pass tests, the buggy one does not). The prompt holds the failing tests' first traceback, the buggy
-module (whole, or an excerpt around the buggy function when it would not fit half the
-budget) at the sample's depth among real-source distractor chunks, fitted to T tokens. The
-model answers with SEARCH/REPLACE blocks; the edit is applied to the module and graded by the
-same tests as the agent form (fail-to-pass and pass-to-pass, on pristine test files).
+passes its fail-to-pass and pass-to-pass tests, the buggy one does not). The prompt holds the
+failing tests' first traceback, the buggy module (whole, or an excerpt around the buggy
+function when it would not fit half the budget) at the sample's depth among real-source
+distractor chunks, fitted to T tokens. The model answers with SEARCH/REPLACE blocks; the edit
+is applied to the module and graded by the same tests as the agent form (fail-to-pass and
+pass-to-pass, on pristine test files).
 """
 from __future__ import annotations
 
@@ -118,7 +119,8 @@ class RepoRegression(Task):
             text = text.replace(old, new, 1)
         files[path] = text  # only the module changes; the tests are the spec's own
         score = 1.0 if grade_files(files, task.spec).resolved == "FULL" else 0.0
-        return {"score": score, "metric": self.metric, "parsed": output, "extraction_failed": False, "edit_applied": 1.0}
+        return {"score": score, "metric": self.metric, "parsed": output, "extraction_failed": False,
+                "edit_applied": 1.0}
 
 
 @lru_cache(maxsize=1)

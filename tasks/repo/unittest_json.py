@@ -63,6 +63,7 @@ def main() -> None:
             continue
         runner = unittest.TextTestRunner(stream=sys.stdout, verbosity=0, resultclass=_Result)
         res = runner.run(suite)
+        assert isinstance(res, _Result)
         for tid, o in res.outcomes.items():
             if outcomes.get(tid) != "fail":
                 outcomes[tid] = o

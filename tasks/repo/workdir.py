@@ -85,6 +85,7 @@ def run_command(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: floa
                                 stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as e:
         raise EnvironmentFailure(f"cannot start {argv[0]!r}: {e}") from e
+    assert proc.stdout is not None  # stdout=PIPE
     half = max_chars // 2
     head = bytearray()
     tail: deque[bytes] = deque()
@@ -179,7 +180,8 @@ class WorkDir:
                     PYTHONPATH=str(self.root), PYTHONHASHSEED="0", NO_COLOR="1", TERM="dumb")
         return keep
 
-    def run(self, command: str | list[str], timeout_s: float = 60.0, max_chars: int = DEFAULT_OUTPUT_CHARS) -> CommandResult:
+    def run(self, command: str | list[str], timeout_s: float = 60.0,
+            max_chars: int = DEFAULT_OUTPUT_CHARS) -> CommandResult:
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
         return run_command(argv, self.root, self.env(), timeout_s, max_chars)
 
