@@ -212,7 +212,7 @@ class LLMEngine(StepForward):
         if seq.first_token is None:
             seq.first_token = time.perf_counter()
         try:
-            check_stop(seq, self.tokenizer.eos_token_ids, self.tokenizer.decode)
+            check_stop(seq, self.tokenizer)
         except Exception as e:  # this request's stop handling (e.g. detokenising its tail) only
             return self._fail(seq, e)
         if seq.finished:

@@ -109,7 +109,7 @@ class ServingState:
                         logprobs: int | None = None, prompt_logprobs: int | None = None) -> Any:
         from engine import SamplingParams
 
-        # the engine stops on a stop string; textstream.IncrementalText cuts the text before it
+        # the engine stops on a stop string; engine.textstream.IncrementalText cuts the text before it
         return SamplingParams(max_tokens=max_new, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                               stop=req.stop_strings(), ignore_eos=req.ignore_eos, logprobs=logprobs,
                               prompt_logprobs=prompt_logprobs)
