@@ -86,7 +86,7 @@ def run_sections(sections: Sequence[tuple[str, Callable[[], list[dict]]]], rows:
     for name, section in sections:
         try:
             rows.extend(section())
-        except Exception as e:  # keep the other sections' numbers
+        except Exception as e:  # noqa: BLE001 - keep the other sections' numbers
             traceback.print_exc()
             rows.append({"bench": "error", "section": name, "error": repr(e)})
         if out:

@@ -184,7 +184,7 @@ class VersusHF:
                                          repeats=self.repeats)
                 row.update(hf_compiled_tok_s=statistics.median(c), hf_compiled_runs=c, hf_compile_s=compile_s,
                            speedup_compiled=a / statistics.median(c), hf_compiled_call=hasattr(hf, "_compiled_call"))
-            except Exception as e:  # keep ours and the eager numbers
+            except Exception as e:  # noqa: BLE001 - keep ours and the eager numbers
                 traceback.print_exc()
                 row["hf_compiled_error"] = repr(e)
         return row

@@ -191,7 +191,10 @@ def markdown(rows: list[dict]) -> list[str]:
     sparse = [s for s in settings if s != "dense"]
     by = {(c["task"], c["length"], c["setting"]): c for c in cs}
     keys = sorted({(c["task"], c["length"]) for c in cs})
-    fmt = lambda v, f: format(v, f) if v is not None else "-"
+
+    def fmt(v: float | None, f: str) -> str:
+        return format(v, f) if v is not None else "-"
+
     out = ["| task | length | n | " + " | ".join(f"{s} acc" for s in settings) + " | "
            + " | ".join(f"{s} - dense" for s in sparse) + " | " + " | ".join(f"{s} density" for s in sparse) + " |",
            "|" + " --- |" * (3 + len(settings) + 2 * len(sparse))]

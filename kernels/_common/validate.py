@@ -150,7 +150,7 @@ def check_cache(op: str, name: str, cache: torch.Tensor, num_kv_heads: int | Non
     if cache.stride(3) != 1:
         raise ValueError(f"{op}: {name} last dim must be contiguous")
     got = (cache.shape[1], cache.shape[2], cache.shape[3])
-    for g, w, what in zip(got, (num_kv_heads, page_size, head_dim), ("Hkv", "B", "d")):
+    for g, w, what in zip(got, (num_kv_heads, page_size, head_dim), ("Hkv", "B", "d"), strict=True):
         if w is not None and g != w:
             raise ValueError(f"{op}: {name} {what} is {g}, expected {w} (shape [num_pages, Hkv, B, d])")
 

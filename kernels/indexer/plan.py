@@ -56,5 +56,5 @@ def plan_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, topk: int, *, i
         raise ValueError(f"{OP}: output={output!r} comes from the Triton kernel only; use impl='triton'")
     heads = q_idx.shape[1]
     return IndexerPlan(impl=impl, output=output, topk=topk, heads=heads, block=k_idx_cache.shape[1],
-                       d_idx=q_idx.shape[2], tile_rows=TILE_ROWS, tokens_per_tile=TILE_ROWS // heads, num_warps=8, num_stages=3,
-                       upcast=interpreting(), check_lengths=check_lengths or impl == "torch")
+                       d_idx=q_idx.shape[2], tile_rows=TILE_ROWS, tokens_per_tile=TILE_ROWS // heads, num_warps=8,
+                       num_stages=3, upcast=interpreting(), check_lengths=check_lengths or impl == "torch")

@@ -52,7 +52,7 @@ def group_tiles_reference(topk_ids: torch.Tensor, cu_seqlens_q: torch.Tensor, ti
     tile_req, tile_start, cu = tile_req.tolist(), tile_start.tolist(), cu_seqlens_q.tolist()
     ids = topk_ids.cpu().tolist()
     tokmap = torch.full((len(tile_req), hkv, tile_q), -1, dtype=torch.int32)
-    for tile, (req, t0) in enumerate(zip(tile_req, tile_start)):
+    for tile, (req, t0) in enumerate(zip(tile_req, tile_start, strict=True)):
         if req < 0 or ((t0 - cu[req]) // tile_q) % window:
             continue
         toks = list(range(t0, min(cu[req + 1], t0 + window * tile_q)))
