@@ -18,8 +18,8 @@ SUITE = {"suites": {"killme": {"seed": 0, "families": {
 
 
 def _cmd(config: Path, out: Path) -> list[str]:
-    return [str(Path(sys.executable).parent / "msa-eval"), "run", "agents", "--suite", "killme", "--config", str(config),
-            "--out", str(out), "--json"]
+    return [str(Path(sys.executable).parent / "msa-eval"), "run", "agents", "--suite", "killme",
+            "--config", str(config), "--out", str(out), "--json"]
 
 
 def _steps(p: Path) -> int:

@@ -16,8 +16,8 @@ SUITE = {"suites": {"tiny": {"seed": 0, "families": {"D": [{"n": 1, "n_min": 2, 
 
 
 def _cli(*args, env=None):
-    return subprocess.run([str(Path(sys.executable).parent / "msa-eval"), *args], capture_output=True, text=True, timeout=300,
-                          env=env)
+    return subprocess.run([str(Path(sys.executable).parent / "msa-eval"), *args], capture_output=True, text=True,
+                          timeout=300, env=env)
 
 
 def _home_env(home, **more):

@@ -51,8 +51,10 @@ def test_text_protocol_fallback_solves_the_task(d_task, tmp_path):
     assert t.steps[0]["messages"][1]["content"].startswith('<tool_result name="search_functions">')
 
 
-@pytest.mark.parametrize("limits,status", [({"max_steps": 4}, "step_limit"), ({"max_total_tokens": 1500}, "token_limit"),
-                                           ({"max_wall_s": 0.0}, "wall_time_limit"), ({"context_window": 900}, "context_overflow")])
+@pytest.mark.parametrize("limits,status", [({"max_steps": 4}, "step_limit"),
+                                           ({"max_total_tokens": 1500}, "token_limit"),
+                                           ({"max_wall_s": 0.0}, "wall_time_limit"),
+                                           ({"context_window": 900}, "context_overflow")])
 def test_limits_have_named_exit_statuses_and_are_graded(d_task, tmp_path, limits, status):
     res = _run(d_task, d_task.gold, tmp_path, limits=limits)
     assert res.status == status and res.score == 0.0
@@ -63,11 +65,13 @@ def test_truncate_observations_policy_is_recorded(d_task, tmp_path):
     res = _run(d_task, d_task.gold, tmp_path, context_policy="truncate-observations", limits={"max_steps": 500})
     assert res.score == 1.0 and res.policy_events >= 1
     ev = read_trajectory(tmp_path / "t.jsonl").events
-    assert ev[0]["kind"] == "truncate-observations" and ev[-1]["detail"]["tokens_after"] < ev[-1]["detail"]["tokens_before"]
+    assert ev[0]["kind"] == "truncate-observations"
+    assert ev[-1]["detail"]["tokens_after"] < ev[-1]["detail"]["tokens_before"]
 
 
 def test_summarize_policy_compacts_and_keeps_the_full_history(d_task, tmp_path):
-    res = _run(d_task, d_task.gold, tmp_path, context_policy="summarize", limits={"max_steps": 500, "context_window": 1500})
+    res = _run(d_task, d_task.gold, tmp_path, context_policy="summarize",
+               limits={"max_steps": 500, "context_window": 1500})
     assert res.status == "submitted" and res.score == 1.0
     t = read_trajectory(tmp_path / "t.jsonl")
     summaries = [e for e in t.events if e["kind"] == "summarize"]

@@ -83,12 +83,14 @@ def test_model_input_errors_come_back_as_tool_errors(ws, name, args, message):
     assert ws.diff() == before  # nothing half-written
 
 
-PREP = "mkdir -p pkg && echo 'x = 1' > pkg/a.py && echo hello > README && printf '\\xff\\xfeabc' > bin.dat && mkfifo fifo"
+PREP = ("mkdir -p pkg && echo 'x = 1' > pkg/a.py && echo hello > README && printf '\\xff\\xfeabc' > bin.dat "
+        "&& mkfifo fifo")
 
 
 def _bad_calls():
     """The fixture's workspace recreated with bash, then every bad call the file tools of a regression task take."""
-    bad = [(n, a) for n, a, _ in MODEL_ERRORS if n not in ("list_dir", "search")]  # regression tasks have no list_dir/search
+    # regression tasks have no list_dir/search
+    bad = [(n, a) for n, a, _ in MODEL_ERRORS if n not in ("list_dir", "search")]
     return [{"name": "bash", "arguments": {"command": PREP}}] + [{"name": n, "arguments": a} for n, a in bad]
 
 

@@ -38,7 +38,8 @@ def paths(draw):
     if kind == 0:
         return draw(st.sampled_from([None, 7, ["a"], {"p": 1}, True]))  # wrong types
     if 2 <= kind <= 6:  # through the links examples make
-        return draw(st.sampled_from(LINK_NAMES)) + draw(st.sampled_from(["", "/secret.txt", "/sub/x.py", "/..", "/sub"]))
+        link = draw(st.sampled_from(LINK_NAMES))
+        return link + draw(st.sampled_from(["", "/secret.txt", "/sub/x.py", "/..", "/sub"]))
     p = "/".join(draw(st.lists(component, min_size=1, max_size=4)))
     return ("/" + p) if kind == 1 else p
 

@@ -41,7 +41,7 @@ def drive(llm, prompts, params, asynchronous: bool, abort_after: dict | None = N
     eng = llm.engine
     eng.async_decode = asynchronous
     ids = [f"r{i}" for i in range(len(prompts))]
-    for rid, p, sp in zip(ids, prompts, params):
+    for rid, p, sp in zip(ids, prompts, params, strict=True):
         eng.add_request(rid, llm._to_ids(p), sp)
     streamed = {rid: [] for rid in ids}
     finished = dict.fromkeys(ids, 0)

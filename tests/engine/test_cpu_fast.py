@@ -163,7 +163,7 @@ def test_bf16_mode_wires_every_matmul_and_bias():
     ref = [L.linear("qkv", h), L.linear("gate_up", h), model.logits(h)]
     assert attach_cpu_weights(model, "bf16") == {"bf16": 9}
     fast = [L.linear(n, h) for n in ("qkv", "gate_up")] + [model.logits(h)]
-    for a, b in zip(ref, fast):
+    for a, b in zip(ref, fast, strict=True):
         assert ((a - b).norm() / a.norm()).item() < 1e-2
     assert attach_cpu_weights(model, "fp32") == {"fp32": 9}
     assert L.fast_linears is None and model.fast_lm_head is None

@@ -103,7 +103,8 @@ def test_qk_norm_model_runs_in_bf16_mode_with_bf16_cache():
         model = random_model(cfg, "cpu", torch.float32, seed=3)
         attach_cpu_weights(model, mode)
         cache = KVCache(2, 2, 16, CacheConfig(page_size=16, num_pages=16, dtype=dtype), torch.device("cpu"))
-        eng = LLMEngine(model, None, DenseAttention(16 ** -0.5), cache, SchedulerConfig(4, 64), 256, torch.device("cpu"))
+        eng = LLMEngine(model, None, DenseAttention(16 ** -0.5), cache, SchedulerConfig(4, 64), 256,
+                        torch.device("cpu"))
         llm = SimpleNamespace(engine=eng, model=model, cache=cache)
         ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(5)).tolist()
         logits = all_logits(llm, ids, chunk=8)

@@ -35,7 +35,7 @@ def test_fused_ops_bf16_match_reference():
         kc = torch.full((40, hkv, B, d), float("nan"), device="cuda", dtype=torch.bfloat16)
         vc = kc.clone()
         res.append((ops.rope_cache(qkv, cos, sin, kc, vc, pages, pos % B, hq, hkv, impl=impl), kc, vc))
-    for a, b in zip(*res):
+    for a, b in zip(*res, strict=True):
         assert torch.equal(a.isnan(), b.isnan())
         assert (a.float().nan_to_num(0) - b.float().nan_to_num(0)).abs().max() < 5e-2
 
@@ -65,7 +65,7 @@ def test_gpu_chunked_prefill_logits_match_cpu():
               progress=False)
     a = [x[0] for x in cpu.prompt_logprobs(ids)[1:]]
     b = [x[0] for x in gpu.prompt_logprobs(ids)[1:]]
-    assert max(abs(x - y) for x, y in zip(a, b)) < 2e-3
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 2e-3
 
 
 def test_msa_graph_decode_equals_eager_on_random_stack():

@@ -46,7 +46,7 @@ def test_rope_cache_triton_equals_reference(hq, hkv, d):
         kc = torch.full((P, hkv, B, d), float("nan"))
         vc = kc.clone()
         res.append((ops.rope_cache(qkv, cos, sin, kc, vc, pages, pos % B, hq, hkv, impl=impl), kc, vc))
-    for a, b in zip(*res):
+    for a, b in zip(*res, strict=True):
         assert torch.equal(a.isnan(), b.isnan())
         assert torch.allclose(a.nan_to_num(0), b.nan_to_num(0), atol=1e-5)
     assert not res[0][0].isnan().any()
@@ -59,7 +59,7 @@ def test_select_ids_triton_equals_reference():
     src = torch.tensor([3, -1, 0, 11, -1, 3, -1])
     host = torch.randint(0, 50000, (7,), generator=g)
     ref = ops.select_ids(src, host, tokens, impl="torch")
-    assert ref.tolist() == [int(tokens[s]) if s >= 0 else int(h) for s, h in zip(src, host)]
+    assert ref.tolist() == [int(tokens[s]) if s >= 0 else int(h) for s, h in zip(src, host, strict=True)]
     assert torch.equal(ops.select_ids(src, host, tokens, impl="triton"), ref)
     with pytest.raises(ValueError, match="int64"):
         ops.select_ids(src.int(), host, tokens, impl="triton")
@@ -147,7 +147,7 @@ def test_msa_keys_read_closed_form_matches_loop():
 
     q_lens, kv_lens, B, k = [1, 300, 7, 1], [1, 300, 1000, 4097], 64, 4
     read, dense = keys_read_closed_form(q_lens, kv_lens, B, k)
-    for ql, kl, r, d in zip(q_lens, kv_lens, read, dense):
+    for ql, kl, r, d in zip(q_lens, kv_lens, read, dense, strict=True):
         pos = range(kl - ql, kl)
         assert r == sum((min(k, p // B + 1) - 1) * B + p % B + 1 for p in pos)
         assert d == sum(p + 1 for p in pos)

@@ -110,7 +110,7 @@ def test_gpu_msa_graphs_equal_eager_plans_and_follow_reference():
         del llm, eng
     assert got[True] == got[False]
     gaps = []
-    for prompt, toks in zip(prompts, got[True]):
+    for prompt, toks in zip(prompts, got[True], strict=True):
         lps = ref.prompt_logprobs(prompt + toks, top_n=1)[len(prompt):]
         gaps += [max(top.values()) - lp for lp, top in lps]
     exact = sum(g == 0.0 for g in gaps)

@@ -168,7 +168,7 @@ def test_sampler_never_raises_on_any_row(data):
                              top_p=data.draw(st.sampled_from([1.0, 0.9, 1e-6])), seed=i) for i in range(n)]
     logits = torch.tensor(rows, dtype=torch.float32)
     got = sample_batch(logits, params, [torch.Generator().manual_seed(i) for i in range(n)])
-    for row, p, tok in zip(logits, params, got):
+    for row, p, tok in zip(logits, params, got, strict=True):
         _TRIED["rows"] += 1
         if not bool(torch.isfinite(row).all()):
             _TRIED["non_finite"] += 1

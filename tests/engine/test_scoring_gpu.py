@@ -53,7 +53,8 @@ def _one_shot(eng, ids: list[int], top_n: int) -> list:
         eng.blocks.release("probe")
     v, i = torch.topk(lp[:-1], top_n, dim=-1)
     tok = lp[:-1].gather(1, torch.tensor(ids[1:], device=lp.device)[:, None])[:, 0]
-    return [(None, {})] + [(float(t), dict(zip(a.tolist(), b.tolist()))) for t, a, b in zip(tok, i, v)]
+    return [(None, {})] + [(float(t), dict(zip(a.tolist(), b.tolist(), strict=True)))
+                           for t, a, b in zip(tok, i, v, strict=True)]
 
 
 def test_graph_decode_beside_scoring_and_faults():
@@ -78,8 +79,8 @@ def test_graph_decode_beside_scoring_and_faults():
         assert ends["bad"][0] == "error" and "injected fault" in ends["bad"][1]
         assert ends["score"] == ("length", None) and toks["score"] == [] and len(rows["score"]) == 700
         want = _one_shot(eng, mix["score"][0], 3)
-        diffs = [abs(a[0] - b[0]) for a, b in zip(rows["score"][1:], want[1:])]
-        same_top = sum(list(a[1]) == list(b[1]) for a, b in zip(rows["score"][1:], want[1:]))
+        diffs = [abs(a[0] - b[0]) for a, b in zip(rows["score"][1:], want[1:], strict=True)]
+        same_top = sum(list(a[1]) == list(b[1]) for a, b in zip(rows["score"][1:], want[1:], strict=True))
         print(f"graphs={graphs}: scored rows vs one shot: max |diff| {max(diffs):.2e}, same top-3 {same_top}/699")
         assert max(diffs) < 1e-3 and same_top >= 0.98 * 699
         assert eng.blocks.free_pages == eng.blocks.num_pages

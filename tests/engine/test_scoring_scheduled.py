@@ -29,13 +29,13 @@ def one_shot(llm, ids: list[int], top_n: int) -> list[tuple[float | None, dict[i
     rows = [(None, {})]
     for t in range(1, len(ids)):
         v, i = torch.topk(lp[t - 1], top_n)
-        rows.append((float(lp[t - 1, ids[t]]), {int(a): float(b) for a, b in zip(i, v)}))
+        rows.append((float(lp[t - 1, ids[t]]), {int(a): float(b) for a, b in zip(i, v, strict=True)}))
     return rows
 
 
 def assert_rows_close(got, want, tol: float = 1e-4) -> None:
     assert len(got) == len(want) and got[0] == (None, {})
-    for (lp, top), (lp0, top0) in zip(got[1:], want[1:]):
+    for (lp, top), (lp0, top0) in zip(got[1:], want[1:], strict=True):
         assert lp == pytest.approx(lp0, abs=tol)
         assert list(top) == list(top0)  # the same alternatives, in the same order
         assert list(top.values()) == pytest.approx(list(top0.values()), abs=tol)
@@ -96,7 +96,7 @@ def test_generated_token_logprobs_come_from_the_sampling_logits(default_llm):
     whole = one_shot(default_llm, ids + out.token_ids, 3)
     assert_rows_close(out.prompt_logprobs, whole[:len(ids)])
     assert_rows_close([(None, {})] + out.logprobs, [(None, {})] + whole[len(ids):])
-    assert all(next(iter(top)) == t for (_, top), t in zip(out.logprobs, out.token_ids))
+    assert all(next(iter(top)) == t for (_, top), t in zip(out.logprobs, out.token_ids, strict=True))
 
 
 def test_score_only_needs_prompt_logprobs():

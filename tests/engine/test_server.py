@@ -95,7 +95,8 @@ def test_completion_greedy_and_echo_logprobs(client, default_llm):
 def _weather_conversation():
     def call(city, i):
         return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
     return [{"role": "user", "content": "Weather in Paris?"}, call("Paris", 1),
             {"role": "user", "content": "Weather in Berlin?"}, call("Berlin", 2),
             {"role": "user", "content": "Weather in Rome?"}]
@@ -115,7 +116,8 @@ def test_tool_call_round_trip(client):
     # send the call and its result back: the server renders tool messages and answers
     messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                  {"role": "tool", "tool_call_id": call.id, "content": "22 C, clear sky"}]
-    again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], temperature=0, max_tokens=30)
+    again = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], temperature=0,
+                                           max_tokens=30)
     assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
     # tool_choice none hides the tools: plain text, no calls parsed
     plain = client.chat.completions.create(model=MODEL, messages=_weather_conversation(), tools=[WEATHER],
@@ -175,11 +177,13 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(base_url, client):
         ({"model": MODEL, "messages": msg, "max_tokens": 9000}, 400, "8192"),
         ({"model": MODEL, "messages": msg, "tools": [{"type": "function", "function": {"description": "no name"}}]},
          400, "name"),
-        ({"model": MODEL, "messages": msg, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        ({"model": MODEL, "messages": msg,
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
          400, "object"),
         ({"model": MODEL, "messages": msg, "n": 2}, 400, "n=1"),
         ({"model": MODEL, "messages": msg, "response_format": {"type": "json_object"}}, 400, "response_format"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        ({"model": MODEL,
+          "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          400, "messages"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
     ]
@@ -238,7 +242,7 @@ def test_lm_eval_local_completions_loglikelihood(base_url, default_llm):
              ("One, two, three,", " four")]
     got = lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)], disable_tqdm=True)
     tok = default_llm.tokenizer
-    for (ctx, cont), (logprob, greedy) in zip(pairs, got):
+    for (ctx, cont), (logprob, greedy) in zip(pairs, got, strict=True):
         whole, n_ctx = tok.encode(ctx + cont), len(tok.encode(ctx))
         rows = default_llm.prompt_logprobs(whole, top_n=1)[n_ctx:]
         assert logprob == pytest.approx(sum(lp for lp, _ in rows), abs=1e-3)

@@ -65,7 +65,8 @@ def _rss_mb(pid: int) -> float:
 
 
 def _deep_tools(levels: int) -> bytes:
-    """A chat request whose one tool's `parameters` nests `levels` objects deep (JSON text: json.dumps would recurse)."""
+    """A chat request whose one tool's `parameters` nests `levels` objects deep (JSON text: json.dumps would
+    recurse)."""
     k = levels // 2
     params = '{"type": "object", "properties": {"x": ' * k + "{}" + "}}" * k
     return ('{"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], '
@@ -87,7 +88,8 @@ CASES = [
     ("lone-surrogate-completions", "POST", COMPLETIONS, _raw_json('{"model": "smollm2-135m", "prompt": "x\\udfff"}'),
      400, "prompt", ["surrogate", "valid UTF-8"]),
     ("lone-surrogate-tokenize", "POST", "/tokenize", _raw_json('{"prompt": "\\ud83d"}'), 400, "prompt", ["surrogate"]),
-    # 954 levels: the old server parsed it, then json.dumps hit the recursion limit (a narrow window: 958 failed to parse)
+    # 954 levels: the old server parsed it, then json.dumps hit the recursion limit (a narrow window: 958 failed
+    # to parse)
     # (here the parser or the depth guard refuses it, depending on the stack depth: either is a 400 naming the limit)
     ("tool-parameters-954-deep", "POST", CHAT, _deep_tools(954), 400, ("tools", None),
      [f"at most {MAX_JSON_DEPTH} levels of arrays and objects"]),
@@ -98,7 +100,8 @@ CASES = [
     ("seed-below-int64", "POST", COMPLETIONS, {"model": MODEL, "prompt": "a", "seed": -2**64, "max_tokens": 1}, 400,
      "seed", ["seed", "greater than or equal to -9223372036854775808"]),
     # defect 8: framework errors in the OpenAI shape
-    ("non-utf8-body", "POST", CHAT, b'{"model": "\xff\xfe\xfa", "messages": []}', 400, None, ["not UTF-8", "UTF-8 JSON"]),
+    ("non-utf8-body", "POST", CHAT, b'{"model": "\xff\xfe\xfa", "messages": []}', 400, None,
+     ["not UTF-8", "UTF-8 JSON"]),
     ("binary-junk", "POST", CHAT, bytes(range(256)) * 4, 400, None, ["JSON"]),
     ("nested-5000-deep", "POST", CHAT, b'{"model": "m", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None,
      ["nested too deeply", f"at most {MAX_JSON_DEPTH} levels"]),
@@ -107,8 +110,9 @@ CASES = [
     ("wrong-method-chat", "GET", CHAT, None, 405, None, ["method GET is not allowed", "use POST"]),
     ("wrong-method-health", "DELETE", "/health", None, 405, None, ["use GET"]),
     # defect 9: a request that can never be admitted is a 400, not a 429
-    ("more-prompts-than-capacity", "POST", COMPLETIONS, {"model": MODEL, "prompt": ["a"] * (CAPACITY + 1), "max_tokens": 1},
-     400, "prompt", [f"{CAPACITY + 1} prompts", f"at most {CAPACITY}", "--max-queue"]),
+    ("more-prompts-than-capacity", "POST", COMPLETIONS,
+     {"model": MODEL, "prompt": ["a"] * (CAPACITY + 1), "max_tokens": 1}, 400, "prompt",
+     [f"{CAPACITY + 1} prompts", f"at most {CAPACITY}", "--max-queue"]),
     ("more-id-prompts-than-capacity", "POST", COMPLETIONS, {"model": MODEL, "prompt": [[1, 2]] * 50, "max_tokens": 1},
      400, "prompt", ["50 prompts"]),
     # defect 13: lenient acceptance where OpenAI answers 400
@@ -163,7 +167,8 @@ def test_tool_results_after_their_call_are_still_accepted(base_url):
 
 def test_tiny_temperature_stays_valid_in_the_schema():
     """1e-40 is the sampler's business (another fix of issue 19): the edge must not refuse it."""
-    req = ChatCompletionRequest.model_validate({"model": MODEL, "messages": MSG, "temperature": 1e-40, "seed": 2**63 - 1})
+    req = ChatCompletionRequest.model_validate({"model": MODEL, "messages": MSG, "temperature": 1e-40,
+                                                "seed": 2**63 - 1})
     assert req.temperature == 1e-40 and req.seed == 2**63 - 1
 
 

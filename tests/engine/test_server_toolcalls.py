@@ -12,11 +12,13 @@ TOOLS = {"get_weather", "search"}
 
 
 @pytest.mark.parametrize("text, calls", [
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>', [("get_weather", {"city": "Rome"})]),
-    ('Let me check.<tool_call>{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>'
-     '<tool_call>{"name": "get_weather", "parameters": {"city": "Oslo"}}</tool_call>',
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+     [("get_weather", {"city": "Rome"})]),
+    (('Let me check.<tool_call>{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>'
+      '<tool_call>{"name": "get_weather", "parameters": {"city": "Oslo"}}</tool_call>'),
      [("search", {"q": "x"}), ("get_weather", {"city": "Oslo"})]),
-    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}', [("get_weather", {"city": "Rome"})]),  # unclosed at EOS
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}',  # unclosed at EOS
+     [("get_weather", {"city": "Rome"})]),
     ('```json\n{"name": "search", "arguments": {"q": "msa"}}\n```', [("search", {"q": "msa"})]),  # plain JSON fallback
     ('[{"name": "search", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "A"}}]',
      [("search", {}), ("get_weather", {"city": "A"})]),

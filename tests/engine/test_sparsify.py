@@ -172,7 +172,7 @@ def test_with_recurrences_copies_earlier_spans_far_back():
 
     ids = list(range(10_000, 14_096))
     out = with_recurrences(ids, 0.2, seed=1, min_gap=256)
-    changed = [i for i, (a, b) in enumerate(zip(ids, out)) if a != b]
+    changed = [i for i, (a, b) in enumerate(zip(ids, out, strict=True)) if a != b]
     assert len(out) == len(ids) and 0.15 * len(ids) <= len(changed) <= 0.25 * len(ids)
     for i in changed:  # every overwritten token is an original token from at least 256 positions earlier
         assert ids.index(out[i]) <= i - 256

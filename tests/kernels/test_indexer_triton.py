@@ -59,7 +59,8 @@ def test_plan_decides_impl_and_outputs(paged_case):
     case = paged_case([10], [100], hkv=2, d_idx=64, block=64)
     plan = plan_indexer(case["q_idx"], case["k_idx_cache"], 8)
     assert (plan.impl, plan.tokens_per_tile, plan.block, plan.check_lengths) == ("torch", 64, 64, True)
-    assert plan_indexer(case["q_idx"], case["k_idx_cache"], 8, impl="triton", check_lengths=False).check_lengths is False
+    unchecked = plan_indexer(case["q_idx"], case["k_idx_cache"], 8, impl="triton", check_lengths=False)
+    assert unchecked.check_lengths is False
     with pytest.raises(ValueError, match="takes bfloat16 or float16 q_idx"):
         plan_indexer(case["q_idx"].float(), case["k_idx_cache"].float(), 8, impl="triton")
     with pytest.raises(ValueError, match="comes from the Triton kernel only"):

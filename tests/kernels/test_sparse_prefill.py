@@ -98,7 +98,8 @@ def test_union_kernel_matches_torch_unions(paged_case):
     ref, ref_count = tile_unions(ids, *tiles, case["cu_seqlens_q"], 8)
     assert torch.equal(count, ref_count)
     big = torch.iinfo(torch.int32).max
-    assert torch.equal(torch.where(union < 0, big, union).sort(-1).values, torch.where(ref < 0, big, ref).sort(-1).values)
+    assert torch.equal(torch.where(union < 0, big, union).sort(-1).values,
+                       torch.where(ref < 0, big, ref).sort(-1).values)
     valid = union >= 0
     assert (valid.sum(-1) == count).all() and (union[~valid] == -1).all()
     req = tiles[0].long().clamp(min=0)[:, None, None].expand_as(union)
@@ -129,11 +130,12 @@ def test_union_token_masks_and_rare_split(paged_case, tile_q, rare_max):
                 for b in sel[t]:
                     want[b] = want.get(b, 0) | (1 << j)
             n = int(full.count[tile, g])
-            got = dict(zip(full.union[tile, g, :n].tolist(), full.token_mask[tile, g, :n].tolist()))
+            got = dict(zip(full.union[tile, g, :n].tolist(), full.token_mask[tile, g, :n].tolist(), strict=True))
             assert got == want
             common = {b: m for b, m in want.items() if bin(m).count("1") > rare_max}
             n = int(split.count[tile, g])
-            assert dict(zip(split.union[tile, g, :n].tolist(), split.token_mask[tile, g, :n].tolist())) == common
+            got = dict(zip(split.union[tile, g, :n].tolist(), split.token_mask[tile, g, :n].tolist(), strict=True))
+            assert got == common
             assert (split.union[tile, g, n:] == -1).all()
             for t in toks:
                 rare = split.rare_ids[t, g].tolist()

@@ -30,7 +30,8 @@ def _tile_call(case, cfg, k_cache=None):
 
 
 def _poisoned(case):
-    return torch.full_like(case["q"], float("nan")), torch.full(case["q"].shape[:2], float("nan"), device=case["q"].device)
+    q = case["q"]
+    return torch.full_like(q, float("nan")), torch.full(q.shape[:2], float("nan"), device=q.device)
 
 
 def _reference(case, ids):
