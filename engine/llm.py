@@ -141,7 +141,7 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} sampling params")
-        requests = [self._request(p, sp) for p, sp in zip(prompts, plist)]
+        requests = [self._request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
         bar = None
         if use_tqdm:
             from tqdm import tqdm

@@ -22,22 +22,29 @@ Scoring (`SamplingParams.prompt_logprobs`) rides on the request's own prefill ch
 from __future__ import annotations
 
 import time
-from typing import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 import torch
 
 from engine.attention.meta import AttentionMeta, DecodeShapes
 from engine.forward import StepForward
+from engine.gpu.async_decode import DecodeRow, EagerDecodeLauncher, InflightDecode, follow_up_rows, is_greedy_decode
+from engine.gpu.sampler import sample_requests
 from engine.kv_cache import BlockManager, KVCache
 from engine.model import CausalLM
-from engine.requests import (Request, RequestOutput, StepOutput, check_length, check_prompt, error_output,
-                             request_output, step_output)
+from engine.requests import (
+    Request,
+    RequestOutput,
+    StepOutput,
+    check_length,
+    check_prompt,
+    error_output,
+    request_output,
+    step_output,
+)
 from engine.sampling import SamplingParams
-from engine.scoring import add_prompt_rows, add_token_rows
-from engine.gpu.async_decode import (DecodeRow, EagerDecodeLauncher, InflightDecode, follow_up_rows,
-                                     is_greedy_decode)
-from engine.gpu.sampler import sample_requests
 from engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
+from engine.scoring import add_prompt_rows, add_token_rows
 from engine.sequence import Sequence
 from engine.stops import check_stop
 from engine.tokenizer import Tokenizer
@@ -126,7 +133,7 @@ class LLMEngine(StepForward):
                 if rows is not None and self._async_usable([ScheduledChunk(r.seq, r.position, 1) for r in rows]):
                     self._inflight = self._launch(rows)
                 outs = self._complete(prev)
-            except Exception as e:  # the shared forward pass: its requests end, the engine goes on
+            except Exception as e:  # noqa: BLE001 - the shared forward pass: its requests end, the engine goes on
                 self._inflight = None
                 return [self._fail(r.seq, e) for r in prev.rows if not r.seq.finished]
             if self._inflight is not None:
@@ -146,7 +153,7 @@ class LLMEngine(StepForward):
             return []
         try:
             logits, meta, scored = self._forward_logits(chunks)
-        except Exception as e:  # the shared forward pass: this step's requests end, the engine goes on
+        except Exception as e:  # noqa: BLE001 - the shared forward pass: this step's requests end, the engine goes on
             return [self._fail(c.seq, e) for c in chunks]
         self._account_stats(chunks, meta)
         for c in chunks:
@@ -196,7 +203,7 @@ class LLMEngine(StepForward):
         toks = inflight.pending.result()
         read, dense = inflight.pending.stats.get("keys_read"), inflight.pending.stats.get("keys_dense")
         outs = []
-        for i, (r, tok) in enumerate(zip(inflight.rows, toks)):
+        for i, (r, tok) in enumerate(zip(inflight.rows, toks, strict=True)):
             seq = r.seq
             if seq.finished:
                 continue
@@ -213,7 +220,7 @@ class LLMEngine(StepForward):
             seq.first_token = time.perf_counter()
         try:
             check_stop(seq, self.tokenizer)
-        except Exception as e:  # this request's stop handling (e.g. detokenising its tail) only
+        except Exception as e:  # noqa: BLE001 - this request's stop handling (e.g. detokenising its tail) only
             return self._fail(seq, e)
         if seq.finished:
             seq.finish_time = time.perf_counter()

@@ -35,9 +35,9 @@ def logprob_rows(logits: torch.Tensor, targets: list[int], top_ns: list[int]) ->
         cols += [v.double(), i.double()]  # ids are exact in float64: one tensor, one host copy
     host = torch.cat(cols, dim=1).cpu().tolist()
     rows: list[LogprobRow] = []
-    for r, n in zip(host, top_ns):
+    for r, n in zip(host, top_ns, strict=True):
         n = min(n, top)
-        rows.append((r[0], {int(k): v for k, v in zip(r[1 + top:1 + top + n], r[1:1 + n])}))
+        rows.append((r[0], {int(k): v for k, v in zip(r[1 + top:1 + top + n], r[1:1 + n], strict=True)}))
     return rows
 
 
@@ -51,7 +51,7 @@ def add_prompt_rows(chunks: list[ScheduledChunk], logits: torch.Tensor | None) -
         targets = [t for c in chunks for t in c.seq.prompt_ids[c.start + 1:c.start + 1 + c.scored_rows]]
         tops = [c.seq.params.prompt_logprobs for c in chunks for _ in range(c.scored_rows)]
         rows, k = logprob_rows(logits, targets, tops), 0
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a scoring fault ends these requests, not the engine
         return {c.seq.request_id: e for c in chunks}
     for c in chunks:
         c.seq.prompt_logprobs += rows[k:k + c.scored_rows]
@@ -68,8 +68,8 @@ def add_token_rows(drawn: list[tuple[Sequence, int, torch.Tensor]]) -> dict[str,
     try:
         rows = logprob_rows(torch.stack([r for _, _, r in drawn]), [t for _, t, _ in drawn],
                             [seq.params.logprobs for seq, _, _ in drawn])
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - a scoring fault ends these requests, not the engine
         return {seq.request_id: e for seq, _, _ in drawn}
-    for (seq, _, _), row in zip(drawn, rows):
+    for (seq, _, _), row in zip(drawn, rows, strict=True):
         seq.output_logprobs.append(row)
     return {}

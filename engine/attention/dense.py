@@ -82,7 +82,7 @@ class DenseAttention:
             return meta.decode_plan.run(q, k_cache, v_cache)
         out = torch.empty_like(q)
         start = 0
-        for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens)):
+        for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
             pages = meta.page_lists[r]
             k = gather_kv(k_cache, pages, kl)
             v = gather_kv(v_cache, pages, kl)

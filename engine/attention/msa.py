@@ -54,7 +54,7 @@ class MSAAttention:
         n_msa = len(self.msa_layers)
         n_dense = self.num_layers - n_msa
         read, dense = [], []
-        for ql, kl in zip(meta.q_lens, meta.kv_lens):
+        for ql, kl in zip(meta.q_lens, meta.kv_lens, strict=True):
             r = d = 0
             for pos in range(kl - ql, kl):
                 r += (min(k, pos // B + 1) - 1) * B + pos % B + 1

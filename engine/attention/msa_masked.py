@@ -38,7 +38,7 @@ def masked_sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.zeros_like(q)
     group = q.shape[1] // k_cache.shape[1]
     start = 0
-    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens)):
+    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         pages = meta.page_lists[r]
         k, v = gather_kv(k_cache, pages, kl), gather_kv(v_cache, pages, kl)
         mask = selection_mask(ids[start:start + ql], kl, block, group)

@@ -34,7 +34,7 @@ def keys_read_closed_form(q_lens: list[int], kv_lens: list[int], block: int, top
     """Per request, summed over its query positions p in [kv - q, kv): keys one MSA layer reads,
     `(min(k, p // B + 1) - 1) * B + p % B + 1`, and keys dense attention reads, `p + 1`."""
     read, dense = [], []
-    for ql, kl in zip(q_lens, kv_lens):
+    for ql, kl in zip(q_lens, kv_lens, strict=True):
         if ql <= 64:  # decode: a few Python ints per request (this runs every step)
             read.append(sum((min(topk, p // block + 1) - 1) * block + p % block + 1 for p in range(kl - ql, kl)))
         else:
@@ -57,7 +57,7 @@ class GraphMSAAttention(MSAAttention):
         n_msa = len(self.msa_layers)
         n_dense = self.num_layers - n_msa
         r, d = keys_read_closed_form(meta.q_lens, meta.kv_lens, self.msa.block_size, self.msa.topk)
-        meta.stats["keys_read"] = [float(n_msa * a + n_dense * b) for a, b in zip(r, d)]
+        meta.stats["keys_read"] = [float(n_msa * a + n_dense * b) for a, b in zip(r, d, strict=True)]
         meta.stats["keys_dense"] = [float(self.num_layers * b) for b in d]
 
     def plan_decode(self, meta: AttentionMeta, shapes: DecodeShapes, key="eager") -> None:

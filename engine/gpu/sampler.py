@@ -27,7 +27,7 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
         else:
             try:
                 out.append(sample(logits[i], p, generators[i]))
-            except Exception as e:  # this row's fault only
+            except Exception as e:  # noqa: BLE001 - this row's fault only
                 out.append(e)
     return out
 
@@ -37,5 +37,5 @@ def sample_requests(seqs: list[Sequence], logits: torch.Tensor) -> tuple[list[tu
     """Draw each request's token from its row of `logits` `[len(seqs), vocab]`: (request, token, its logits
     row) for every row that could be sampled, and {request id: fault} for those that could not."""
     toks = sample_batch(logits, [q.params for q in seqs], [q.generator for q in seqs])
-    drawn = [(q, t, logits[i]) for i, (q, t) in enumerate(zip(seqs, toks)) if not isinstance(t, Exception)]
-    return drawn, {q.request_id: t for q, t in zip(seqs, toks) if isinstance(t, Exception)}
+    drawn = [(q, t, logits[i]) for i, (q, t) in enumerate(zip(seqs, toks, strict=True)) if not isinstance(t, Exception)]
+    return drawn, {q.request_id: t for q, t in zip(seqs, toks, strict=True) if isinstance(t, Exception)}

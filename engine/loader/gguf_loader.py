@@ -53,7 +53,7 @@ def _reader(path: Path):
 
     try:
         return gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError/struct errors/memmap errors on damage
+    except Exception as e:  # noqa: BLE001 - gguf raises ValueError/struct errors/memmap errors on damage
         raise ModelIntegrityError(
             f"{path} is not a readable GGUF file ({type(e).__name__}: {str(e)[:120]}): "
             "it is truncated or corrupt; download it again") from None
@@ -178,7 +178,7 @@ def gguf_tokenizer(reader, cfg: ModelConfig) -> Tokenizer:
         raise UnsupportedModelError(
             f"GGUF pre-tokenizer '{pre}' is not known: pass the model's HF directory instead")
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
+    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty in (3, 4)]
     tok.add_special_tokens(special)
     bos_id, eos_id = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader, "tokenizer.ggml.eos_token_id")
     return Tokenizer(
@@ -200,7 +200,7 @@ def load_gguf(path: Path, cache_dir: Path | None = None) -> tuple[ModelConfig, d
     if cached is not None and cached.is_file():
         try:
             return cfg, load_file(str(cached)), tok
-        except Exception:  # a damaged cache entry is rebuilt, never trusted
+        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt, never trusted
             cached.unlink(missing_ok=True)
     weights = gguf_weights(reader, cfg)
     if cached is not None:

@@ -55,6 +55,6 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Token
         try:
             for k, v in load_file(str(f)).items():
                 weights[k] = v.float()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types on a damaged file
             raise ModelIntegrityError(f"{f} cannot be read ({str(e)[:120]}): it is truncated or corrupt") from None
     return cfg, weights, load_hf_tokenizer(path, cfg)

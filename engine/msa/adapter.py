@@ -105,7 +105,7 @@ def load_adapter(path: str | Path, cfg: ModelConfig, fingerprint: str | None) ->
                            "re-run `msa-eval sparsify` or restore the file")
     try:
         tensors = st_load(blob)
-    except Exception as e:  # safetensors raises its own error types
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
         raise AdapterError(f"corrupt MSA adapter file {p / TENSORS_FILE} ({type(e).__name__}): "
                            "re-run `msa-eval sparsify`") from None
     msa.check_model(cfg)

@@ -37,7 +37,7 @@ def selected_mass(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, i
     hq, block = q.shape[1], k_cache.shape[2]
     group = hq // k_cache.shape[1]
     total, count, start = 0.0, 0, 0
-    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens)):
+    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         k = gather_kv(k_cache, meta.page_lists[r], kl)
         chunk = max(1, _MAX_ELEMENTS // (hq * kl))
         for c0 in range(0, ql, chunk):

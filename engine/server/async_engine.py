@@ -134,13 +134,13 @@ class AsyncEngine:
             _, request_id, prompt_ids, params = cmd
             try:
                 self._engine.add_request(request_id, prompt_ids, params)
-            except Exception as e:  # a bad request must not kill the loop
+            except Exception as e:  # noqa: BLE001 - a bad request must not kill the loop
                 self._deliver(request_id, StreamEvent([], True, None, f"{type(e).__name__}: {e}"))
         elif kind == "abort":
             try:
                 self._engine.abort(cmd[1])
-            except Exception:
-                pass  # already finished or never added
+            except Exception:  # noqa: BLE001 - already finished or never added
+                pass
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -158,7 +158,7 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self._engine.step()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the loop goes on: every request in flight gets the error
                 self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             for out in outputs:
@@ -174,7 +174,7 @@ class AsyncEngine:
         ended-with-error request's error too, so what `finish` returns or raises is not needed here)."""
         try:
             self._engine.finish(request_id)
-        except Exception:
+        except Exception:  # noqa: BLE001 - its end (or error) was already delivered
             pass
 
     def _fail_all(self, message: str) -> None:
@@ -183,7 +183,7 @@ class AsyncEngine:
         for request_id in ids:
             try:
                 self._engine.abort(request_id)
-            except Exception:
+            except Exception:  # noqa: BLE001 - already finished or never added
                 pass
             self._deliver(request_id, StreamEvent([], True, None, message))
 

@@ -116,7 +116,7 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
                                  background=BackgroundTask(gen.release))
     gens: list[Generation | None] = []
     try:  # reserve every prompt's slot before generating any (all or nothing -> 429)
-        for p, m in zip(prompts, max_new):
+        for p, m in zip(prompts, max_new, strict=True):
             sp = _engine_params(state, req, m)
             gens.append(Generation(state, f"cmpl-{uuid.uuid4().hex}", p, sp, req.stop_strings()) if sp else None)
     except BaseException:
@@ -125,7 +125,7 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
                 g.release()
         raise
     try:
-        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request) for i, (p, g) in enumerate(zip(prompts, gens))))
+        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request) for i, (p, g) in enumerate(zip(prompts, gens, strict=True))))
     finally:
         for g in gens:
             if g is not None:

@@ -22,7 +22,7 @@ class ServingState:
     created: int
 
     @classmethod
-    def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, extra_names: tuple[str, ...]) -> "ServingState":
+    def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, extra_names: tuple[str, ...]) -> ServingState:
         names = tuple(dict.fromkeys((llm.model_id, *extra_names)))
         return cls(llm, engine, metrics, names, int(time.time()))
 

@@ -41,7 +41,7 @@ def _git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                               text=True, timeout=5).stdout.strip() or None
-    except Exception:
+    except Exception:  # noqa: BLE001 - provenance only: without git no commit is recorded
         return None
 
 
