@@ -54,7 +54,8 @@ class Sequence:
 
     def metrics(self) -> dict[str, float | None]:
         m: dict[str, float | None] = {
-            "prefill_s": (self.first_token - self.first_scheduled) if self.first_token and self.first_scheduled else None,
+            "prefill_s": ((self.first_token - self.first_scheduled) if self.first_token and self.first_scheduled
+                          else None),
             "ttft_s": (self.first_token - self.arrival) if self.first_token else None,
             "decode_s": (self.finish_time - self.first_token) if self.finish_time and self.first_token else None,
         }

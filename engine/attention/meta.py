@@ -29,13 +29,14 @@ class AttentionMeta:
     so the CPU path never syncs; `seq_lens_host` / `page_table_host` are CPU int32 copies of
     the two tensors (decode plans validate and copy them without a device sync).
 
-    Decode-plan hook (GPU; on the CPU `DenseAttention` builds a `CpuDecodePlan`): an attention object may define `plan_decode(meta, shapes, key)`. The
-    engine calls it once per decode step, outside any CUDA-graph capture; it fills the plan's
-    buffers from the host copies and sets `meta.decode_plan` (or anything it needs) for its layer
-    calls. `key` names the plan: a captured batch size, or "eager". An attention that also sets
-    `supports_cuda_graphs = True` promises its layer call is capturable given that hook (no host
-    syncs, no allocation that depends on values); the engine then replays decode steps from CUDA
-    graphs, with rows padded to the captured size (padded rows: seq_len 1 on the scratch page).
+    Decode-plan hook (GPU; on the CPU `DenseAttention` builds a `CpuDecodePlan`): an attention
+    object may define `plan_decode(meta, shapes, key)`. The engine calls it once per decode step,
+    outside any CUDA-graph capture; it fills the plan's buffers from the host copies and sets
+    `meta.decode_plan` (or anything it needs) for its layer calls. `key` names the plan: a
+    captured batch size, or "eager". An attention that also sets `supports_cuda_graphs = True`
+    promises its layer call is capturable given that hook (no host syncs, no allocation that
+    depends on values); the engine then replays decode steps from CUDA graphs, with rows padded to
+    the captured size (padded rows: seq_len 1 on the scratch page).
     """
 
     cu_seqlens_q: torch.Tensor

@@ -180,7 +180,8 @@ def _select_ids_kernel(src_ptr, host_ptr, tok_ptr, out_ptr, n, BLOCK: tl.constex
     tl.store(out_ptr + i, tl.where(src >= 0, prev, host), mask=mask)
 
 
-def select_ids(src_rows: torch.Tensor, host_ids: torch.Tensor, tokens: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+def select_ids(src_rows: torch.Tensor, host_ids: torch.Tensor, tokens: torch.Tensor,
+               impl: str = "auto") -> torch.Tensor:
     """Input ids `[n]` int64 of a decode step: `tokens[src_rows[i]]` (the token the previous step sampled
     for that request, still on the device) where `src_rows[i] >= 0`, else `host_ids[i]`. One launch."""
     if resolve_impl(impl, src_rows.device) == "torch":

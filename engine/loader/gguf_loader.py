@@ -178,7 +178,8 @@ def gguf_tokenizer(reader, cfg: ModelConfig) -> Tokenizer:
         raise UnsupportedModelError(
             f"GGUF pre-tokenizer '{pre}' is not known: pass the model's HF directory instead")
     tok.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty in (3, 4)]
+    special = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, types, strict=True) if ty in (3, 4)]
     tok.add_special_tokens(special)
     bos_id, eos_id = _field(reader, "tokenizer.ggml.bos_token_id"), _field(reader, "tokenizer.ggml.eos_token_id")
     return Tokenizer(

@@ -65,6 +65,5 @@ def read_q4_blocks(path: Path, cfg: ModelConfig) -> dict[str, Q4Blocks]:
         heads = permuted_heads(t.name, cfg)
         if heads:
             codes, scale, offset = (_unpermute(a, heads) for a in (codes, scale, offset))
-        out[name] = Q4Blocks(torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(np.ascontiguousarray(scale)),
-                             torch.from_numpy(np.ascontiguousarray(offset)))
+        out[name] = Q4Blocks(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, scale, offset)))
     return out

@@ -25,7 +25,8 @@ def load_hf_tokenizer(path: Path, cfg: ModelConfig) -> Tokenizer:
     if not tj.is_file():
         raise ModelNotFoundError(f"{path} has no tokenizer.json: save the fast tokenizer next to the weights")
     tok = HFTokenizer.from_file(str(tj))
-    tcfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").is_file() else {}
+    tcfg_path = path / "tokenizer_config.json"
+    tcfg = json.loads(tcfg_path.read_text()) if tcfg_path.is_file() else {}
     template = tcfg.get("chat_template")
     if isinstance(template, list):  # named templates: take "default"
         template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])

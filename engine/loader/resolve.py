@@ -51,7 +51,8 @@ class LoadedTokenizer:
 def _dequant_cache(path: Path, sha: str | None) -> Path:
     """Where the dequantized float32 weights of a GGUF are cached (dequantizing takes seconds)."""
     st = path.stat()
-    key = sha[:16] if sha else hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    stamp = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = sha[:16] if sha else hashlib.sha256(stamp.encode()).hexdigest()[:16]
     return store.home() / "dequant" / key
 
 

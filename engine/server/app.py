@@ -44,7 +44,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {e.get('msg')}", (loc[0] if loc else None)
 
 
-_ROUTES = "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics"
+_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, "
+           "/metrics")
 
 
 def _http_error(request: Request, exc: HTTPException) -> ApiError:

@@ -14,8 +14,9 @@ that request's stream only. Should `step()` itself raise (a bug in the engine's 
 every request in flight is failed and aborted, and the loop goes on serving new ones.
 
 Admission control: a route reserves a slot before it answers (so a full server can still
-say 429 in the status line); at most `capacity` requests (running + waiting) hold slots. A handler that stops listening (client disconnect,
-cancellation) aborts its engine request in the `finally` of `stream`.
+say 429 in the status line); at most `capacity` requests (running + waiting) hold slots. A
+handler that stops listening (client disconnect, cancellation) aborts its engine request in
+the `finally` of `stream`.
 """
 from __future__ import annotations
 
@@ -162,8 +163,9 @@ class AsyncEngine:
                 self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             for out in outputs:
-                self._deliver(out.request_id, StreamEvent(list(out.new_token_ids), bool(out.finished), out.finish_reason,
-                                                          out.error, out.logprobs, out.prompt_logprobs))
+                self._deliver(out.request_id, StreamEvent(list(out.new_token_ids), bool(out.finished),
+                                                          out.finish_reason, out.error, out.logprobs,
+                                                          out.prompt_logprobs))
                 if out.finished:
                     self._forget(out.request_id)
             if self._on_step is not None:

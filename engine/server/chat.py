@@ -96,13 +96,14 @@ async def _sse(gen: Generation, model: str, tool_names: set[str], include_usage:
             if parsed.content:
                 yield chunk(ChatDelta(content=parsed.content))
             for i, c in enumerate(parsed.tool_calls):
-                yield chunk(ChatDelta(tool_calls=[DeltaToolCall(index=i, id=c.id, type="function",
-                                                                function=ToolCallFunction(name=c.name, arguments=c.arguments))]))
+                fn = ToolCallFunction(name=c.name, arguments=c.arguments)
+                yield chunk(ChatDelta(tool_calls=[DeltaToolCall(index=i, id=c.id, type="function", function=fn)]))
             finish = _finish(parsed, gen)
     except ApiError as e:  # the status line is already sent: report in-band, OpenAI style
         yield f"data: {json.dumps(e.body())}\n\n"
         return
     yield chunk(ChatDelta(), finish)
     if include_usage:
-        yield _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model, choices=[], usage=_usage(gen)))
+        yield _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model, choices=[],
+                                         usage=_usage(gen)))
     yield "data: [DONE]\n\n"

@@ -83,7 +83,8 @@ def _engine_params(state: ServingState, req: CompletionRequest, max_new: int) ->
     echoed); None when there is nothing to run (max_tokens 0 without echo + logprobs)."""
     if req.logprobs is None or (max_new == 0 and not req.echo):
         return state.sampling_params(req, max_new) if max_new > 0 else None
-    return state.sampling_params(req, max_new, logprobs=req.logprobs, prompt_logprobs=req.logprobs if req.echo else None)
+    return state.sampling_params(req, max_new, logprobs=req.logprobs,
+                                 prompt_logprobs=req.logprobs if req.echo else None)
 
 
 async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int],
@@ -125,7 +126,8 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
                 g.release()
         raise
     try:
-        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request) for i, (p, g) in enumerate(zip(prompts, gens, strict=True))))
+        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request)
+                                         for i, (p, g) in enumerate(zip(prompts, gens, strict=True))))
     finally:
         for g in gens:
             if g is not None:

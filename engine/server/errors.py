@@ -21,8 +21,9 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict:
-        return ErrorResponse(error=ErrorBody(message=self.message, type=_TYPES.get(self.status, "invalid_request_error"),
-                                             param=self.param, code=self.code)).model_dump()
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return ErrorResponse(error=ErrorBody(message=self.message, type=kind, param=self.param,
+                                             code=self.code)).model_dump()
 
     def response(self) -> Response:
         # ASCII-escaped JSON: a message quoting client text can never fail to encode

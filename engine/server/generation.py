@@ -28,7 +28,8 @@ class Generation:
     `ApiError` 500 (code engine_error) from `deltas()`; other requests are not affected.
     """
 
-    def __init__(self, state: ServingState, request_id: str, prompt_ids: list[int], params: Any, stop: list[str]) -> None:
+    def __init__(self, state: ServingState, request_id: str, prompt_ids: list[int], params: Any,
+                 stop: list[str]) -> None:
         self.state, self.request_id, self.prompt_ids, self.params = state, request_id, prompt_ids, params
         self._text = IncrementalText(state.llm.tokenizer, stop)
         self.finish_reason: str | None = None

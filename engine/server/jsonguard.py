@@ -39,8 +39,9 @@ def check_json(body: Any) -> None:
         if isinstance(value, str):
             m = _SURROGATE.search(value)
             if m:
-                raise RequestError(f"{_where(path)} contains a lone UTF-16 surrogate (\\u{ord(m.group()):04x}), which is "
-                                   f"not valid Unicode text; send valid UTF-8 text (pair the surrogate or drop it)",
+                raise RequestError(f"{_where(path)} contains a lone UTF-16 surrogate (\\u{ord(m.group()):04x}), "
+                                   "which is not valid Unicode text; send valid UTF-8 text (pair the surrogate or "
+                                   "drop it)",
                                    param=str(path[0]) if path else None)
             continue
         if not isinstance(value, (dict, list)):

@@ -11,7 +11,8 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 12
 class ServerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("msa_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"], registry=r)
+        self.requests = Counter("msa_requests", "HTTP requests by endpoint and status code", ["endpoint", "status"],
+                                registry=r)
         self.prompt_tokens = Counter("msa_prompt_tokens", "prompt tokens processed", registry=r)
         self.generation_tokens = Counter("msa_generation_tokens", "tokens generated", registry=r)
         self.latency = Histogram("msa_request_latency_seconds", "end-to-end request latency", ["endpoint"],

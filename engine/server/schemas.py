@@ -9,7 +9,7 @@ passes `jsonguard.check_json` (nesting depth, lone surrogates) before its fields
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -78,7 +78,7 @@ class ToolChoiceFunction(_Lenient):
     function: NamedFunction
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], ToolChoiceFunction]
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction
 
 
 class ToolCallFunction(_Lenient):
@@ -175,7 +175,8 @@ def _check_tool_choice(choice: Any, tools: list[ToolSpec] | None) -> None:
         raise RequestError(f"tool_choice names the function {choice.function.name!r}, {where}; add it to tools "
                            f"or name one of them", param="tool_choice")
     if choice == "required" and not names:
-        raise RequestError("tool_choice 'required' needs tools; give tools or leave tool_choice out", param="tool_choice")
+        raise RequestError("tool_choice 'required' needs tools; give tools or leave tool_choice out",
+                           param="tool_choice")
 
 
 def _check_tool_messages(messages: list[ChatMessage]) -> None:

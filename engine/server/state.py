@@ -54,7 +54,8 @@ class ServingState:
         limit = self.max_model_len
         if prompt_len >= limit:
             raise ApiError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                                f"{prompt_len} tokens; shorten the prompt", param="messages", code="context_length_exceeded")
+                                f"{prompt_len} tokens; shorten the prompt", param="messages",
+                           code="context_length_exceeded")
         if max_new is None:
             return limit - prompt_len
         if prompt_len + max_new > limit:
@@ -83,7 +84,8 @@ class ServingState:
     def apply_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                        add_generation_prompt: bool = True) -> str:
         try:
-            return self.llm.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+            return self.llm.tokenizer.apply_chat_template(messages, tools=tools,
+                                                          add_generation_prompt=add_generation_prompt)
         except Exception as e:  # a template that rejects the conversation (e.g. role order)
             raise ApiError(400, f"the chat template rejected the messages: {e}", param="messages") from e
 

@@ -147,12 +147,13 @@ def token_sequences(docs: list[Document], tokenizer, n_seqs: int, seq_len: int) 
     return [ids[i * seq_len:(i + 1) * seq_len] for i in range(n_seqs)], used
 
 
-def with_recurrences(ids: list[int], share: float, seed: int, min_gap: int, span: tuple[int, int] = (16, 64)) -> list[int]:
+def with_recurrences(ids: list[int], share: float, seed: int, min_gap: int,
+                     span: tuple[int, int] = (16, 64)) -> list[int]:
     """A copy of `ids` in which about `share` of the tokens are overwritten by copies of earlier
     spans of the same sequence (span lengths uniform in `span`, each copy at least `min_gap` tokens
-    after its source; no copy overwrites another copy or a span already copied from). Built from the calibration text itself,
-    it gives the indexer long-range look-ups to learn: inside a copy, induction / retrieval heads
-    read the source span far back, as they read a needle."""
+    after its source; no copy overwrites another copy or a span already copied from). Built from the
+    calibration text itself, it gives the indexer long-range look-ups to learn: inside a copy,
+    induction / retrieval heads read the source span far back, as they read a needle."""
     lo, hi = span
     n = len(ids)
     out = list(ids)

@@ -92,7 +92,8 @@ def teacher_probs(t_logits: torch.Tensor, support: torch.Tensor, teacher: str = 
     return m / m.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
-def kl_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, support: torch.Tensor, teacher: str = "mean") -> torch.Tensor:
+def kl_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, support: torch.Tensor,
+            teacher: str = "mean") -> torch.Tensor:
     """Mean KL(teacher || student) over (query, group) on `support` (bool `[Q, Hkv, S]`).
 
     t_logits `[Q, Hkv, G, S]` main logits (the group teacher of `teacher_probs`), s_logits
@@ -111,7 +112,8 @@ def sparse_support(s_logits: torch.Tensor, pos: torch.Tensor, block: int, topk: 
         return expand_blocks(sel, block, s_logits.shape[-1]) & causal_mask(pos, s_logits.shape[-1])[:, None, :]
 
 
-def mass_recall(t_logits: torch.Tensor, s_logits: torch.Tensor, pos: torch.Tensor, block: int, topk: int) -> torch.Tensor:
+def mass_recall(t_logits: torch.Tensor, s_logits: torch.Tensor, pos: torch.Tensor, block: int,
+                topk: int) -> torch.Tensor:
     """Per query head, the dense softmax mass inside the student's selected blocks: `[Q, Hkv, G]`."""
     p = torch.softmax(t_logits, dim=-1)
     sup = sparse_support(s_logits, pos, block, topk)

@@ -6,8 +6,9 @@ of KL over the blocks the indexer selects; each step samples `queries` positions
 sequence (uniform positions, or partly the queries that read farthest: `long_range`; teacher
 "mean" or "max" over the group's heads: `teacher`; training sequences optionally seeded with
 copies of their own earlier spans: `recurrence`). Before and after, the attention-mass recall of
-the selection is measured on a held-out sequence. A checkpoint (the projections so far + the finished layers' figures) is written after
-each layer, so an interrupted run resumes at the next layer. Output in `out`: the adapter
+the selection is measured on a held-out sequence. A checkpoint (the projections so far + the
+finished layers' figures) is written after each layer, so an interrupted run resumes at the next
+layer. Output in `out`: the adapter
 (`indexer.safetensors`, `msa_config.json`) and `provenance.json`.
 """
 from __future__ import annotations
@@ -96,7 +97,7 @@ class LayerTrainer:
 
     def train(self, gen: torch.Generator, on_step: Callable[[float], None]) -> list[float]:
         cfg, S = self.cfg, self.h.shape[1]
-        params = [p for p in self.ix.parameters()]
+        params = list(self.ix.parameters())
         for p in params:
             p.requires_grad_(True)
         total = cfg.warmup_steps + cfg.steps
@@ -222,7 +223,7 @@ def sparsify(cfg: SparsifyConfig, command: str = "", progress: bool = True,
         tr = LayerTrainer(llm.model, i, proj[i], rope, msa, hidden.pop(i), cfg, torch.device(device))
         before = tr.evaluate()
         gen = torch.Generator().manual_seed(cfg.seed * 100003 + i)
-        losses = tr.train(gen, lambda loss: (bar.update(1), bar.set_postfix(layer=i, kl=f"{loss:.3f}")))
+        losses = tr.train(gen, lambda loss, i=i: (bar.update(1), bar.set_postfix(layer=i, kl=f"{loss:.3f}")))
         after = tr.evaluate()
         del tr
         k = max(1, len(losses) // 10)
