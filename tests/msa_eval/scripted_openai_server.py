@@ -61,7 +61,8 @@ class ScriptedOpenAI:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 with server._lock:
-                    server.requests.append({"path": self.path, "body": body, "headers": {k.lower(): v for k, v in self.headers.items()}})
+                    headers = {k.lower(): v for k, v in self.headers.items()}
+                    server.requests.append({"path": self.path, "body": body, "headers": headers})
                     server.inflight += 1
                     server.max_inflight = max(server.max_inflight, server.inflight)
                 try:
@@ -72,8 +73,8 @@ class ScriptedOpenAI:
                         self._send(status, json.dumps({"error": {"message": msg, "type": "scripted", "param": None,
                                                                  "code": None}}).encode())
                     elif body.get("stream"):
-                        self._send(200, "".join(f"data: {json.dumps(e)}\n\n" for e in server._events(self.path, body)).encode()
-                                   + b"data: [DONE]\n\n", "text/event-stream")
+                        events = "".join(f"data: {json.dumps(e)}\n\n" for e in server._events(self.path, body))
+                        self._send(200, events.encode() + b"data: [DONE]\n\n", "text/event-stream")
                     else:
                         self._send(200, json.dumps(server._response(self.path, body)).encode())
                 finally:
@@ -93,8 +94,10 @@ class ScriptedOpenAI:
             if self.tool_call:
                 message = {"role": "assistant", "content": None, "tool_calls": [self.tool_call]}
             return {**base, "object": "chat.completion",
-                    "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if self.tool_call else "stop"}]}
-        return {**base, "object": "text_completion", "choices": [{"index": 0, "text": self.text, "finish_reason": "stop"}]}
+                    "choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if self.tool_call else "stop"}]}
+        return {**base, "object": "text_completion",
+                "choices": [{"index": 0, "text": self.text, "finish_reason": "stop"}]}
 
     def _events(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         words = self.text.split(" ")

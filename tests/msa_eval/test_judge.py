@@ -122,9 +122,14 @@ def test_judging_sets_a_garbled_line_aside_before_it_rewrites_the_records(tmp_pa
     garbled = b'{"backend": "openai:m", "sample_id": "paid-for", \xff\n'
     (tmp_path / "records.jsonl").write_bytes(rec.model_dump_json().encode() + b"\n" + garbled)
     notices = []
+
+    def progress(event, **kw):
+        if event == "notice":
+            notices.append(kw.get("message"))
+
     with ScriptedOpenAI(text="Score: 2") as judge:
         counts = judge_run(tmp_path, {s.id: s}, parse_judge_spec(f"openai:j1@{judge.base_url}"), default_factory,
-                           progress=lambda event, **kw: notices.append(kw.get("message")) if event == "notice" else None)
+                           progress=progress)
     assert counts["judged"] == 1
     assert (tmp_path / "records.jsonl.bad").read_bytes() == garbled
     assert [json.loads(x)["judge"]["score"] for x in (tmp_path / "records.jsonl").read_text().splitlines()] == [2]

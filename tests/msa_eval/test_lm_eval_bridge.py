@@ -28,7 +28,8 @@ def lm_eval_run(tmp_path_factory):
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(Path(glob.glob(str(d / "out" / "*" / "results_*.json"))[0]).read_text())
-    samples = {t: [json.loads(x) for x in Path(glob.glob(str(d / "out" / "*" / f"samples_{t}_*.jsonl"))[0]).read_text().splitlines()]
+    samples = {t: [json.loads(x) for x in
+                   Path(glob.glob(str(d / "out" / "*" / f"samples_{t}_*.jsonl"))[0]).read_text().splitlines()]
                for t in ("msa_tiny_gen", "msa_tiny_mc", "msa_tiny_roll")}
     return results["results"], samples
 

@@ -131,12 +131,13 @@ def test_missing_key_for_a_remote_endpoint_is_a_config_error(monkeypatch):
 def test_context_guard_and_provider_context_error(monkeypatch):
     monkeypatch.setenv(KEY_ENV, SECRET)
     with ScriptedOpenAI() as server:
-        b = OpenAIBackend(OpenAIBackendConfig(base_url=server.base_url, model="m", api_key_env=KEY_ENV, context_window=20),
-                          token_counter=lambda text: len(text.split()))
+        cfg = OpenAIBackendConfig(base_url=server.base_url, model="m", api_key_env=KEY_ENV, context_window=20)
+        b = OpenAIBackend(cfg, token_counter=lambda text: len(text.split()))
         [r] = b.generate([GenRequest(id="long", prompt="word " * 10, max_tokens=16)])
         assert r.finish_reason == "error" and "context window 20" in r.error and not server.requests
         assert b.count_tokens("a b c") == 3
-    with ScriptedOpenAI(default_status=400, error_message="This model's maximum context length is 4096 tokens") as server:
+    too_long = "This model's maximum context length is 4096 tokens"
+    with ScriptedOpenAI(default_status=400, error_message=too_long) as server:
         b = backend(server)
         with pytest.raises(ContextLimitError, match="4096"):
             b.chat([{"role": "user", "content": "hi"}])
@@ -147,13 +148,15 @@ def test_context_guard_and_provider_context_error(monkeypatch):
 def test_chat_with_tools_returns_tool_calls(monkeypatch, stream):
     monkeypatch.setenv(KEY_ENV, SECRET)
     call = {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    tools = [{"type": "function",
+              "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
     with ScriptedOpenAI(tool_call=call) as server:
         b = backend(server, stream=stream)
         resp = b.chat([{"role": "user", "content": "weather?"}], tools=tools, max_tokens=32)
         b.close()
     assert server.requests[0]["body"]["tools"] == tools
-    assert [(c.id, c.name, json.loads(c.arguments)) for c in resp.tool_calls] == [("call_9", "get_weather", {"city": "Rome"})]
+    got = [(c.id, c.name, json.loads(c.arguments)) for c in resp.tool_calls]
+    assert got == [("call_9", "get_weather", {"city": "Rome"})]
     assert resp.finish_reason == "tool_calls" and resp.content is None
 
 

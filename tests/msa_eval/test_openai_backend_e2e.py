@@ -36,7 +36,8 @@ def test_backend_generate_equals_llm_generate(base_url, default_llm, tmp_path):
     reqs = [GenRequest(id="chat", messages=chat, max_tokens=20),
             GenRequest(id="text", prompt="A list of three fruits: apple,", max_tokens=12, stop=["\n"])]
     out = backend.generate(reqs)
-    ref = default_llm.generate([chat, reqs[1].prompt], [SamplingParams(max_tokens=20), SamplingParams(max_tokens=12, stop=["\n"])])
+    ref = default_llm.generate([chat, reqs[1].prompt],
+                               [SamplingParams(max_tokens=20), SamplingParams(max_tokens=12, stop=["\n"])])
     assert [r.text for r in out] == [o.text for o in ref]
     assert [r.prompt_tokens for r in out] == [len(o.prompt_token_ids) for o in ref]
     assert all(r.ttft_s is not None and r.ttft_s <= r.latency_s for r in out)
@@ -52,7 +53,8 @@ def test_backend_chat_tool_call_through_server(base_url):
 
     def call(city, i):
         return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
 
     messages = [{"role": "user", "content": "Weather in Paris?"}, call("Paris", 1),
                 {"role": "user", "content": "Weather in Berlin?"}, call("Berlin", 2),

@@ -69,7 +69,8 @@ class EchoServer:
                     status, ctype = 200, "application/json"
                     usage = {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
                     if self.path.endswith("/chat/completions"):
-                        choice = {"index": 0, "message": {"role": "assistant", "content": "1234"}, "finish_reason": "stop"}
+                        choice = {"index": 0, "message": {"role": "assistant", "content": "1234"},
+                                  "finish_reason": "stop"}
                         obj = "chat.completion"
                     else:
                         choice, obj = {"index": 0, "text": "1234", "finish_reason": "stop"}, "text_completion"
@@ -101,8 +102,8 @@ def prep(server, tmp_path_factory):
 
 def _cfg(prep, out: Path, **options):
     """prep's config with its cache in `out` and extra backend options."""
-    return replace(prep.cfg, backends=tuple(replace(b, options={**b.options, "cache_dir": str(out / "cache"), **options})
-                                           for b in prep.cfg.backends))
+    return replace(prep.cfg, backends=tuple(
+        replace(b, options={**b.options, "cache_dir": str(out / "cache"), **options}) for b in prep.cfg.backends))
 
 
 def _files_holding(root: Path, needle: str) -> list[Path]:
