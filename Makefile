@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= $(shell if command -v nvidia-smi >/dev/null 2>&1; then echo torch; else echo torch==2.13.0; fi)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean
+.PHONY: run test lint install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,7 +20,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/msa-eval run helmet --backend local
 
-test: $(STAMP)
+# ruff and mypy, configured in pyproject.toml; `make test` runs them first, so CI fails on a lint error
+lint: $(STAMP)
+	$(PY) -m ruff check
+	$(PY) -m mypy --cache-dir $(VENV)/.mypy_cache
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -x -p no:cacheprovider tests
 
 clean:
