@@ -169,3 +169,20 @@ def test_suite_msa_overrides_and_per_task_lengths(tmp_path):
     assert {p.length for p in b.plan} == {2048}  # --lengths applies to every task
     assert b.cfg.backends[0].options["msa_overrides"]["topk"] == 8
     assert b.cfg.config_hash() != a.cfg.config_hash()
+
+
+def test_engine_settings_from_the_command_line_reach_the_local_backend(tmp_path):
+    """`run --weights / --kv-cache-tokens / --no-dequant-cache` (or their MSA_EVAL_* variables, read by
+    click) become local backend options under any --backend-opt; only the weight mode, which changes the
+    numbers, is part of the config hash."""
+    from msa_eval.cli.options import engine_kwargs
+
+    assert engine_kwargs(None, None, False) == {} and engine_kwargs(None, 0, False) == {}
+    plain = prepare(args(tmp_path, out=tmp_path / "p"))
+    sized = prepare(args(tmp_path, out=tmp_path / "s", engine_opts=engine_kwargs(None, 4096, True)))
+    assert sized.cfg.backends[0].options == {"kv_cache_tokens": 4096, "dequant_cache": False}
+    assert sized.cfg.config_hash() == plain.cfg.config_hash()
+    q4 = prepare(args(tmp_path, out=tmp_path / "q", engine_opts=engine_kwargs("q4", None, False),
+                      backend_opts=("kv_cache_tokens=8192",)))
+    assert q4.cfg.backends[0].options == {"weights": "q4", "kv_cache_tokens": 8192}
+    assert q4.cfg.config_hash() != plain.cfg.config_hash()
