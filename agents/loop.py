@@ -276,6 +276,6 @@ def _is_context_error(e: Exception) -> bool:
 def _describe(backend: Any) -> dict[str, Any]:
     try:
         return backend.describe()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a description is informational: its failure is recorded
         return {"name": getattr(backend, "name", "?"), "describe_error": str(e)}
 

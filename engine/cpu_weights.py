@@ -44,7 +44,7 @@ _FUSED = {
 
 
 def _int4_from_parts(parts: list[Q4Blocks], bias: torch.Tensor | None) -> Int4Linear:
-    cat = lambda f: torch.cat([getattr(p, f) for p in parts])  # noqa: E731
+    cat = lambda f: torch.cat([getattr(p, f) for p in parts])  # noqa: E731 - a one-line local helper
     return Int4Linear(cat("codes"), cat("scale"), cat("offset"), bias)
 
 

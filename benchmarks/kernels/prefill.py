@@ -186,7 +186,7 @@ def dense_ms(x: dict, s: Shape, one_cold: bool, cuda: bool) -> tuple[float, bool
     k = x["k_cache"][pt].permute(1, 0, 2, 3).reshape(s.hkv, -1, s.d)[:, :t].repeat_interleave(group, 0)[None]
     v = x["v_cache"][pt].permute(1, 0, 2, 3).reshape(s.hkv, -1, s.d)[:, :t].repeat_interleave(group, 0)[None]
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION if cuda else SDPBackend.MATH]):
-        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731 - a one-line local helper
         if one_cold:
             return cold(fn, cuda), True
         return timed(fn, reps_for(4 * s.d * s.hq * t * (t + 1) / 2 / 550e12 * 1e3), cuda), False

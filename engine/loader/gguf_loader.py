@@ -65,7 +65,7 @@ def gguf_config(reader) -> ModelConfig:
         raise UnsupportedModelError(
             f"GGUF architecture '{arch}' is not supported: msa-eval runs llama, mistral, qwen2 and "
             "qwen3 GGUF files")
-    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731 - a one-line local helper
     hidden = int(g("embedding_length"))
     heads = int(g("attention.head_count"))
     kv = g("attention.head_count_kv", heads)

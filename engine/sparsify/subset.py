@@ -60,7 +60,7 @@ def keep_dense(src: str | Path, extra_dense: list[int], out: str | Path) -> dict
     atomic_write_bytes(out / TENSORS_FILE, new_blob)
     write_json(out / CONFIG_FILE, dict(meta, msa=msa, tensors_sha256=hashlib.sha256(new_blob).hexdigest()))
     layers = {k: v for k, v in prov.get("layers", {}).items() if int(k) not in dense}
-    mean = lambda key: sum(v[key] for v in layers.values()) / max(len(layers), 1)  # noqa: E731
+    mean = lambda key: sum(v[key] for v in layers.values()) / max(len(layers), 1)  # noqa: E731 - a one-line local helper
     new = dict(prov, msa=msa, layers=layers, settings=dict(prov.get("settings", {}), dense_layers=dense),
                command=_with_dense_layers(prov.get("command", ""), dense),
                mean_recall_before=mean("recall_before"), mean_recall_after=mean("recall_after"))

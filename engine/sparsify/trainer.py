@@ -234,7 +234,7 @@ def sparsify(cfg: SparsifyConfig, command: str = "", progress: bool = True,
         _save_checkpoint(out, cfg, proj, done)
     bar.close()
     layers = {k: done[k] for k in sorted(done, key=int)}
-    mean = lambda key: sum(v[key] for v in layers.values()) / max(len(layers), 1)  # noqa: E731
+    mean = lambda key: sum(v[key] for v in layers.values()) / max(len(layers), 1)  # noqa: E731 - a one-line local helper
     base = {"model_id": llm.model_id, "fingerprint": fingerprint, "sha256": llm.model_sha256,
             "num_layers": llm.config.num_layers}
     prov = {

@@ -20,11 +20,11 @@ import httpx
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402 - after the importorskip
+from hypothesis import strategies as st  # noqa: E402 - after the importorskip
 
-from tests.engine.openai_shape import assert_openai_error  # noqa: E402
-from tests.engine.serve_process import running_server  # noqa: E402
+from tests.engine.openai_shape import assert_openai_error  # noqa: E402 - after the importorskip
+from tests.engine.serve_process import running_server  # noqa: E402 - after the importorskip
 
 MODEL = "smollm2-135m"
 MAX_MODEL_LEN = 512
