@@ -12,7 +12,7 @@ entries of the family the reference names are generated. Unknown ids raise namin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agents.errors import AgentHarnessError, UnknownTaskError
 from agents.families import FAMILIES, canonical_task_id, family_name, family_names, get_family, task_family
-from agents.suite_cache import Status, cache_path, read_cache, write_cache
+from agents.suite_cache import Entry, Status, cache_path, read_cache, write_cache
 from agents.task import AgentTask
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "agents.yaml"
@@ -36,16 +36,6 @@ class _Suite(BaseModel):
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid")
     suites: dict[str, _Suite]
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One family entry of a suite: `n` tasks of `family` from `knobs` under the suite's seed."""
-    family: str  # registered name
-    index: int  # position in the suite (config order)
-    seed: int
-    n: int
-    knobs: dict[str, Any] = field(hash=False)
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,25 @@ import hashlib
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from agents.families import FAMILIES, get_family
 from agents.task import AgentTask
 from msa_common.atomic import atomic_write_text
 
-if TYPE_CHECKING:
-    from agents.suite import Entry
+
+@dataclass(frozen=True)
+class Entry:
+    """One family entry of a suite: `n` tasks of `family` from `knobs` under the suite's seed."""
+    family: str  # registered name
+    index: int  # position in the suite (config order)
+    seed: int
+    n: int
+    knobs: dict[str, Any] = field(hash=False)
+
 
 CACHE_SCHEMA = "msa-eval.agent-suite-cache/1"
 _CODE_PACKAGES = ("agents", "tasks", "msa_common")  # generation's code: its bytes are in the key

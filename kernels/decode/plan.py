@@ -32,6 +32,7 @@ from kernels._common import validate
 from kernels._common.device import interpreting, sm_count
 
 from . import naive
+from .launches import AttentionLaunch, IndexerLaunch
 from .triton_attention import launch_dense, launch_sparse
 from .triton_indexer import launch_indexer
 
@@ -56,35 +57,6 @@ class DecodeTuning:
     pages_per_iter: int | None = None
     index_warps: int | None = None
     index_stages: int | None = None
-
-
-@dataclass(frozen=True)
-class AttentionLaunch:
-    """Split-K attention: grid (tokens or R * row_blocks, Hkv, splits); splits > 1 adds the LSE merge."""
-
-    splits: int
-    rows: int  # query rows per program (a power of two >= 16)
-    row_blocks: int  # dense: row blocks per (request, KV group); sparse: 1
-    num_warps: int
-    num_stages: int
-    dot_fp32: bool  # interpreter: dot operands upcast to fp32
-    precision: str
-
-
-@dataclass(frozen=True)
-class IndexerLaunch:
-    """Decode indexer: grid (R, splits), then the merge over (T, Hkv)."""
-
-    splits: int
-    rows: int  # q_len * Hkv query rows per program, padded to a power of two >= 16
-    keep: int  # workspace slots per row and split: next_pow2(k - 1)
-    pages_per_iter: int
-    num_warps: int
-    num_stages: int
-    fp8_keys: bool
-    fp8_dot: bool  # e4m3 x e4m3 dot, queries rounded to e4m3 per row inside the kernel
-    dot_fp32: bool
-    precision: str
 
 
 def _pow2_floor(x: int) -> int:

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
-    from .plan import AttentionLaunch
+    from .launches import AttentionLaunch
 
 LOG2E = 1.4426950408889634
 

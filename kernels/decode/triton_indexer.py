@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
-    from .plan import IndexerLaunch
+    from .launches import IndexerLaunch
 
 
 @triton.jit
