@@ -26,20 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.kernels.prefill import Shape
 from kernels.decode import DenseDecodePlan, MSADecodePlan, quantize_index_keys
 
 GIB = 1 << 30
 L2_BYTES = 60 << 20  # the L2 size the cold-cache rotation assumes (H200)
-
-
-@dataclass(frozen=True)
-class Shape:
-    hq: int
-    hkv: int
-    d: int
-    block: int
-    topk: int
-    d_idx: int
 
 
 SHAPES = {
