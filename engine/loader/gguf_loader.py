@@ -51,8 +51,20 @@ def _field(reader, key: str, default: Any = None) -> Any:
 def _reader(path: Path):
     import gguf
 
+    class Reader(gguf.GGUFReader):
+        # the reader slices its np.memmap twice per string (the default model has 98K tokenizer
+        # strings) and each memmap slice runs numpy.memmap.__array_finalize__ in Python: over a plain
+        # ndarray view of the same mapping the default model's header parses about 4x faster
+        @property
+        def data(self) -> np.ndarray:
+            return self._data
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._data = value.view(np.ndarray)
+
     try:
-        return gguf.GGUFReader(str(path))
+        return Reader(str(path))
     except Exception as e:  # noqa: BLE001 - gguf raises ValueError/struct errors/memmap errors on damage
         raise ModelIntegrityError(
             f"{path} is not a readable GGUF file ({type(e).__name__}: {str(e)[:120]}): "
