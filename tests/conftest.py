@@ -19,9 +19,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# session fixtures worth building once (a real run of minutes, the HF model): under xdist, every
-# test that uses one runs on the same worker
-SHARED_SESSION = ("needle_run", "hf_model")
+# session fixtures worth building once (a real run of minutes, the HF model, generated agent tasks):
+# under xdist, every test that uses one runs on the same worker
+SHARED_SESSION = ("needle_run", "hf_model", "small_tasks")
 
 
 def _shared_setups(item: pytest.Item) -> list[str]:
