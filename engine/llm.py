@@ -21,7 +21,7 @@ from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
 from engine.errors import EngineError
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
 from engine.llm_engine import LLMEngine
-from engine.loader import load
+from engine.loader import load, model_family
 from engine.model import CausalLM
 from engine.requests import Request, RequestOutput, StepOutput
 from engine.sampling import SamplingParams
@@ -42,7 +42,7 @@ class LLM:
                  page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
                  cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None,
                  dequant_cache: bool = True):
-        attention = check_kind(attention)
+        self.attention_kind = attention = check_kind(attention)
         if weights is not None and weights not in WEIGHT_MODES:  # fail before loading anything
             raise EngineError(f"unknown weights mode {weights!r}: use one of {', '.join(WEIGHT_MODES)}")
         self.device = torch.device(device) if device else default_device()
@@ -52,11 +52,14 @@ class LLM:
         from engine.msa.setup import split_model_adapter
 
         model, self.msa_adapter_path = split_model_adapter(model)  # `BASE+ADAPTER_DIR` for MSA
+        if model_family(model) == "minimax_m3":
+            self._init_m3(model, attention, max_model_len, max_num_seqs, max_num_batched_tokens, kv_cache_tokens,
+                          page_size, msa_overrides or {}, cuda_graphs, gpu_memory_fraction, weights)
+            return
         loaded = load(model, progress=progress, dequant_cache=dequant_cache)
         self.model_id, self.model_path, self.config = loaded.model_id, loaded.path, loaded.config
         self.model_sha256 = loaded.sha256
         self.tokenizer = loaded.tokenizer
-        self.attention_kind = attention
         self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
         self.model = CausalLM(self.config)
         self.model.load_weights(loaded.weights)
@@ -72,6 +75,44 @@ class LLM:
                                                      loaded.weights, self.device, self.dtype, page_size, overrides)
             self.msa = indexer.config
         del loaded
+        self._finish_init(indexer, overrides, page_size, kv_cache_tokens, gpu_memory_fraction, max_num_seqs,
+                          max_num_batched_tokens, cuda_graphs)
+
+    def _init_m3(self, path: str, attention: AttentionKind, max_model_len, max_num_seqs, max_num_batched_tokens,
+                 kv_cache_tokens, page_size, overrides: dict, cuda_graphs, gpu_memory_fraction, weights) -> None:
+        """MiniMax-M3 (`engine.m3`): built on the device from its checkpoint; `msa` runs its own index branch,
+        `dense` every layer as full attention (out of distribution for M3)."""
+        from engine.loader import load_tokenizer
+        from engine.m3.load import build_m3
+
+        if weights not in (None, "fp32"):
+            raise EngineError(f"weights={weights!r} is a Llama-family CPU mode: MiniMax-M3 runs its checkpoint's "
+                              "weights in the given dtype (leave weights unset)")
+        unknown = set(overrides) - {"topk", "track_recall"}
+        if unknown:
+            raise EngineError(f"msa_overrides {sorted(unknown)} do not apply to MiniMax-M3: use topk or track_recall")
+        if self.msa_adapter_path:
+            raise EngineError("MiniMax-M3 brings its own index branch: drop the +ADAPTER part of --model")
+        tok = load_tokenizer(path)
+        self.model_id, self.model_path, self.config, self.tokenizer = tok.model_id, tok.path, tok.config, tok.tokenizer
+        self.model_sha256 = None
+        self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
+        self.model = build_m3(self.model_path, self.config, self.device, self.dtype)
+        self.weights, self.weight_counts = "fp32", {}
+        self.msa = self.msa_adapter = indexer = None
+        if uses_indexer(attention):
+            indexer = self.model.indexer(topk=overrides.get("topk"))
+            self.msa = indexer.config
+            if page_size is not None and page_size != indexer.config.block_size:
+                raise EngineError(f"MSA block size {indexer.config.block_size} must equal the KV cache page size "
+                                  f"{page_size}: pass page_size={indexer.config.block_size} (or leave it unset)")
+        self._finish_init(indexer, overrides, page_size, kv_cache_tokens, gpu_memory_fraction, max_num_seqs,
+                          max_num_batched_tokens, cuda_graphs and self.model.supports_cuda_graphs)
+
+    def _finish_init(self, indexer, overrides: dict, page_size, kv_cache_tokens, gpu_memory_fraction, max_num_seqs,
+                     max_num_batched_tokens, cuda_graphs) -> None:
+        """The attention, the paged cache and the engine (both families)."""
+        attention = self.attention_kind
         attn = make_attention(attention, self.device, self.config, indexer,
                               track_recall=bool(overrides.get("track_recall", False)))
         index_layers, index_dim = (indexer.layers, indexer.config.d_idx) if indexer else ((), 0)

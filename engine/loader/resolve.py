@@ -40,6 +40,19 @@ def resolve_model_path(model: str, progress: bool = True) -> tuple[str, Path]:
     return store._builtin(model).name, Path()  # raises the unknown-name error
 
 
+def model_family(model: str) -> str:
+    """"minimax_m3" for a MiniMax-M3 checkpoint directory, else "llama" (built-in names, .gguf files and
+    Llama-family directories; unreadable paths are left to `load` to report)."""
+    import json
+
+    from engine.config import from_hf_config
+
+    p = Path(model).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return from_hf_config(json.loads((p / "config.json").read_text())).family
+    return "llama"
+
+
 @dataclass
 class LoadedTokenizer:
     model_id: str

@@ -26,7 +26,8 @@ You may call tools. Their schemas:
 {{ tool | tojson }}
 {%- endfor %}
 </tools>
-Call them as <minimax:tool_call><invoke name="NAME"><parameter name="ARG">VALUE</parameter></invoke></minimax:tool_call>[e~[
+Call them as <minimax:tool_call><invoke name="NAME"><parameter name="ARG">VALUE</parameter></invoke>
+</minimax:tool_call>[e~[
 {% endif -%}
 {%- for m in messages -%}
 ]~b]{{ m['role'] + '\n' }}
@@ -53,7 +54,7 @@ Call them as <minimax:tool_call><invoke name="NAME"><parameter name="ARG">VALUE<
 
 
 def text_config(num_layers: int = 4, *, layer_types: list[str] | None = None, mlp_layer_types: list[str] | None = None,
-                hidden: int = 64, heads: int = 8, kv_heads: int = 2, head_dim: int = 32, experts: int = 4,
+                hidden: int = 64, heads: int = 8, kv_heads: int = 2, head_dim: int = 64, experts: int = 4,
                 top_experts: int = 2, topk_blocks: int = 4, block: int = 128, vocab: int = 320,
                 max_position: int = 8192, **overrides: Any) -> dict[str, Any]:
     """A small `MiniMaxM3VLTextConfig` dict: layers alternate full / sparse attention (layer 0 full) and the

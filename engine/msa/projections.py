@@ -26,9 +26,9 @@ class LayerIndexer(nn.Module):
     """Index q/k of one layer: h `[T, hidden]` (the layer's normed input) -> q_idx `[T, Hkv, d_idx]`,
     k_idx `[T, d_idx]`, RoPE'd at the tokens' positions."""
 
-    def __init__(self, hidden: int, num_kv_heads: int, d_idx: int, index_norm: bool):
+    def __init__(self, hidden: int, num_kv_heads: int, d_idx: int, index_norm: bool, eps: float = 1e-6):
         super().__init__()
-        self.num_kv_heads, self.d_idx = num_kv_heads, d_idx
+        self.num_kv_heads, self.d_idx, self.eps = num_kv_heads, d_idx, eps
         self.wq = nn.Parameter(torch.zeros(num_kv_heads * d_idx, hidden))
         self.wk = nn.Parameter(torch.zeros(d_idx, hidden))
         self.q_norm = nn.Parameter(torch.ones(d_idx)) if index_norm else None
@@ -42,14 +42,14 @@ class LayerIndexer(nn.Module):
         """`[T, hidden]` -> `[T, Hkv, d_idx]`."""
         q = F.linear(h, self.wq.to(h.dtype)).view(-1, self.num_kv_heads, self.d_idx)
         if self.q_norm is not None:
-            q = _rms(q, self.q_norm)
+            q = _rms(q, self.q_norm, self.eps)
         return rope(q, cos, sin, positions)
 
     def index_k(self, h, rope: IndexRope, cos, sin, positions) -> torch.Tensor:
         """`[T, hidden]` -> `[T, d_idx]`."""
         k = F.linear(h, self.wk.to(h.dtype)).view(-1, 1, self.d_idx)
         if self.k_norm is not None:
-            k = _rms(k, self.k_norm)
+            k = _rms(k, self.k_norm, self.eps)
         return rope(k, cos, sin, positions)[:, 0]
 
 
@@ -75,10 +75,11 @@ class IndexRope:
 class IndexProjections(nn.Module):
     """All MSA layers' index projections, keyed by layer index (a ModuleDict with str keys)."""
 
-    def __init__(self, cfg: ModelConfig, msa: MSAConfig):
+    def __init__(self, cfg: ModelConfig, msa: MSAConfig, eps: float = 1e-6):
         super().__init__()
         self.msa = msa
-        self.layers = nn.ModuleDict({str(i): LayerIndexer(cfg.hidden_size, cfg.num_kv_heads, msa.d_idx, msa.index_norm)
+        self.layers = nn.ModuleDict({str(i): LayerIndexer(cfg.hidden_size, cfg.num_kv_heads, msa.d_idx, msa.index_norm,
+                                                          eps)
                                      for i in msa.msa_layers(cfg.num_layers)})
 
     def __getitem__(self, layer: int) -> LayerIndexer:
