@@ -1,6 +1,7 @@
 """Test and benchmark helpers: random-weight decoder stacks of real shapes (`random_model`), random
 MSA indexers for them (`random_indexer`, then `engine.attention.make_attention`) and an engine over
-them (`random_engine`), for speed and memory measurements and engine tests only.
+them (`random_engine`), for speed and memory measurements and engine tests only; `all_logits` runs a
+loaded `LLM` over a prompt outside the scheduler (the logits of every position).
 
 Timing depends on shapes, not on trained values, so these stand in for checkpoints that cannot be
 downloaded here. `llama-3.1-8b`: 32 layers, hidden 4096, 32 query / 8 KV heads of d 128, FFN
@@ -113,3 +114,27 @@ def random_engine(model: CausalLM, attention, device: torch.device | str, kv_cac
                     device, index_dim=index_dim, index_layers=index_layers)
     return LLMEngine(model, _NoTokenizer(), attention, cache, SchedulerConfig(max_num_seqs, max_num_batched_tokens),
                      max_model_len or cfg.max_position, device, cuda_graphs=cuda_graphs)
+
+
+def all_logits(llm, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Logits fp32 `[len(ids), vocab]` of every position of `ids` on a loaded `engine.LLM`, prefilled in chunks
+    of `chunk` tokens (None = one shot); the request's cache pages are released afterwards."""
+    from engine.sampling import SamplingParams
+    from engine.scheduler import ScheduledChunk
+    from engine.sequence import Sequence
+
+    eng = llm.engine
+    seq = Sequence("probe", list(ids), SamplingParams(), max_len=len(ids))
+    eng.blocks.grow("probe", len(ids))
+    outs = []
+    try:
+        step = chunk or len(ids)
+        for s in range(0, len(ids), step):
+            c = ScheduledChunk(seq, s, min(step, len(ids) - s))
+            i, p, m = eng._pack([c])
+            with torch.inference_mode():
+                outs.append(llm.model.logits(llm.model.hidden_states(i, p, m, llm.cache, eng.attention)))
+            seq.num_computed += c.length
+    finally:
+        eng.blocks.release("probe")
+    return torch.cat(outs)

@@ -2,27 +2,7 @@
 import torch
 
 from engine import SamplingParams
-from engine.scheduler import ScheduledChunk
-from engine.sequence import Sequence
-
-
-def all_logits(llm, ids, chunk: int | None = None):
-    """Logits of every position, prefilled in chunks of `chunk` tokens (None = one shot)."""
-    eng = llm.engine
-    seq = Sequence("probe", list(ids), SamplingParams(), max_len=len(ids))
-    eng.blocks.grow("probe", len(ids))
-    outs = []
-    try:
-        step = chunk or len(ids)
-        for s in range(0, len(ids), step):
-            c = ScheduledChunk(seq, s, min(step, len(ids) - s))
-            i, p, m = eng._pack([c])
-            with torch.inference_mode():
-                outs.append(llm.model.logits(llm.model.hidden_states(i, p, m, llm.cache, eng.attention)))
-            seq.num_computed += c.length
-    finally:
-        eng.blocks.release("probe")
-    return torch.cat(outs)
+from engine.testing import all_logits
 
 
 def test_logits_match_hf_on_512_tokens(default_llm, hf_model):
