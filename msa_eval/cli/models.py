@@ -1,6 +1,8 @@
 """`msa-eval models list | pull NAME | info NAME`."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -45,11 +47,15 @@ def pull(name: str, force: bool) -> None:
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info(name: str, as_json: bool) -> None:
-    """Architecture and tokenizer of a model (built-in name, HF directory or .gguf)."""
+    """Architecture and tokenizer of a model (built-in name, HF directory or .gguf). A MiniMax-M3 directory
+    is described from its config.json and safetensors headers, its weights never read."""
     import dataclasses
 
-    from engine.loader import load
+    from engine.loader import load, resolve_model_path
 
+    _, path = resolve_model_path(name)
+    if path.is_dir() and _m3_info(name, path, as_json):
+        return
     m = load(name)
     d: dict[str, Any] = {"model_id": m.model_id, "path": str(m.path), "sha256": m.sha256,
          "config": dataclasses.asdict(m.config), "chat_template": m.tokenizer.chat_template is not None,
@@ -66,3 +72,28 @@ def info(name: str, as_json: bool) -> None:
             ("rope scaling", c.rope_scaling.kind), ("vocab", c.vocab_size),
             ("parameters", f"{d['parameters'] / 1e6:.1f} M"),
             ("chat template", "yes" if d["chat_template"] else "no"), ("sha256", d["sha256"] or "-")])
+
+
+def _m3_info(name: str, path: Path, as_json: bool) -> bool:
+    """Print `models info` for an M3 directory (True), or leave other families to the loader (False)."""
+    from engine.config import from_hf_config
+    from engine.errors import ModelIntegrityError
+    from engine.loader.hf_loader import load_hf_tokenizer
+    from engine.m3.info import describe, rows
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except ValueError:
+        raise ModelIntegrityError(f"{path / 'config.json'} is not valid JSON: download or re-save it") from None
+    cfg = from_hf_config(config)
+    if cfg.family != "minimax_m3":
+        return False
+    tok = load_hf_tokenizer(path, cfg)
+    d = {"model_id": path.name, "path": str(path), **describe(path, cfg),
+         "chat_template": tok.chat_template is not None, "tokenizer_sha256": tok.fingerprint()}
+    if as_json:
+        display.print_json(d)
+    else:
+        display.table(f"model {d['model_id']}", ["field", "value"],
+                      [("path", d["path"]), *rows(d), ("chat template", "yes" if d["chat_template"] else "no")])
+    return True
