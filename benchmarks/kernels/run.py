@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-OPS = ("prefill", "indexer", "decode")
+OPS = ("prefill", "indexer", "decode", "moe")
 
 
 def environment() -> dict:
