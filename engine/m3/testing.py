@@ -125,3 +125,47 @@ def write_checkpoint(path: Path | str, tc: dict[str, Any] | None = None, seed: i
     model.save_pretrained(str(path), max_shard_size=max_shard_size)
     write_tokenizer(path)
     return model
+
+
+def full_width_config(num_layers: int = 4, experts: int = 128, max_position: int = 1 << 20):
+    """The MiniMax-M3 text model's shapes (hidden 6144, 64 q / 4 KV heads of 128, rotary 64, 128 experts of
+    3072, shared 3072, dense MLP 12288, 4 index heads x 128, block 128, top-16, vocab 200064) cut to
+    `num_layers`: layer 0 full attention with the dense MLP, the rest sparse attention with MoE (the layout
+    of M3's first layers after its dense ones). An `engine.config.ModelConfig`."""
+    from engine.config import from_hf_config
+
+    types = ["full_attention"] + ["minimax_m3_sparse"] * (num_layers - 1)
+    return from_hf_config({
+        "model_type": "minimax_m3_vl_text", "vocab_size": 200064, "hidden_size": 6144, "intermediate_size": 3072,
+        "num_hidden_layers": num_layers, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+        "dense_intermediate_size": 12288, "shared_intermediate_size": 3072, "num_local_experts": experts,
+        "num_experts_per_tok": 4, "index_n_heads": 4, "index_head_dim": 128, "index_block_size": 128,
+        "index_topk_blocks": 16, "layer_types": types, "mlp_layer_types": ["dense"] + ["sparse"] * (num_layers - 1),
+        "max_position_embeddings": max_position, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5}})
+
+
+def random_m3(cfg, device, dtype=None, seed: int = 0):
+    """An `engine.m3.model.M3CausalLM` of `cfg` with N(0, 0.02) matrices, unit norms and a zero router bias,
+    allocated on `device` the way `engine.m3.load.build_m3` allocates it (meta, then `to_empty`), without a
+    checkpoint: for speed and memory measurements at full width (a 4-layer slice is about 50 GB in bf16)."""
+    import torch
+
+    from engine.m3.model import M3CausalLM
+
+    device = torch.device(device)
+    dtype = dtype or torch.bfloat16
+    with torch.device("meta"):
+        model = M3CausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.prepare(device)
+    return model.eval()

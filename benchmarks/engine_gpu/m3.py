@@ -1,0 +1,225 @@
+"""The MiniMax-M3 slice on one GPU: full width (hidden 6144, 64 q / 4 KV heads, 128 experts), 4 layers
+(layer 0 full attention + dense MLP, layers 1-3 MSA + MoE), random bf16 weights allocated on the GPU the
+way the checkpoint loader allocates them (`engine.m3.testing.random_m3`: no checkpoint file), run by our
+engine (`LLMEngine` over the slice, `engine.testing.random_engine`) with `--attention msa` (its own index
+branch on layers 1-3) and `dense` (every layer full attention).
+
+Rows: TTFT per context (chunked prefill, `chunk` tokens per step) with per-layer GPU times (CUDA events
+around each layer and its MLP); decode step per (context, batch) with the same split (eager: the per-layer
+events need eager steps; CUDA graphs when the MoE runs the Triton kernels and `graphs` is on); cache bytes
+per token; and the FLOP / byte bounds of the MSA-over-dense ratio (`bounds`): both arms pay the same
+projections and MoE, so the whole-layer ratio is bounded by what attention's share can save.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.engine_gpu.stacks import fake_prefill, free, peak_gib, random_prompt, sync, timed_steps
+
+
+class LayerTimer:
+    """CUDA events around every decoder layer and its MLP (forward hooks; eager forwards only)."""
+
+    def __init__(self, model):
+        self.events: list[tuple[int, str, torch.cuda.Event, torch.cuda.Event]] = []
+        self.handles = []
+        for i, layer in enumerate(model.layers):
+            for part, mod in (("layer", layer), ("mlp", layer.mlp)):
+                self.handles.append(mod.register_forward_pre_hook(self._pre(i, part)))
+                self.handles.append(mod.register_forward_hook(self._post()))
+        self._open: list = []
+
+    def _pre(self, i: int, part: str):
+        def hook(mod, args):
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self._open.append((i, part, e))
+        return hook
+
+    def _post(self):
+        def hook(mod, args, out):
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            i, part, s = self._open.pop()
+            self.events.append((i, part, s, e))
+        return hook
+
+    def reset(self) -> None:
+        self.events = []
+
+    def totals_ms(self) -> dict[str, float]:
+        """{"L0": ms, "L0.mlp": ms, "L0.attn": ms (layer - mlp), ...} summed over the recorded forwards."""
+        sync()
+        out: dict[str, float] = {}
+        for i, part, s, e in self.events:
+            key = f"L{i}" if part == "layer" else f"L{i}.mlp"
+            out[key] = out.get(key, 0.0) + s.elapsed_time(e)
+        for k in [k for k in out if "." not in k]:
+            out[f"{k}.attn"] = out[k] - out.get(f"{k}.mlp", 0.0)
+        return out
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _engine(model, kind: str, kv_tokens: int, max_num_seqs: int, max_batched: int, max_model_len: int,
+            graphs: bool):
+    from engine.attention import make_attention
+    from engine.testing import random_engine
+
+    cfg = model.cfg
+    indexer = model.indexer() if kind == "msa" else None
+    attn = make_attention(kind, "cuda", cfg, indexer)
+    return random_engine(model, attn, "cuda", kv_tokens, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_batched, max_model_len=max_model_len,
+                         cuda_graphs=graphs and model.supports_cuda_graphs,
+                         index_dim=indexer.config.d_idx if indexer else 0,
+                         index_layers=indexer.layers if indexer else ())
+
+
+def _ttft(eng, n: int, seed: int) -> float:
+    from engine.sampling import SamplingParams
+
+    eng.add_request(f"p{n}-{seed}", random_prompt(n, eng.model.cfg.vocab_size, seed), SamplingParams(max_tokens=1))
+    sync()
+    t = time.perf_counter()
+    while eng.has_unfinished():
+        eng.step()
+    sync()
+    return time.perf_counter() - t
+
+
+def bounds(cfg, ctx: int, batch: int) -> dict:
+    """FLOPs of a prefill to `ctx` and bytes of one decode step at `ctx` x `batch`, per arm, over the slice:
+    projections + MLP/MoE (the same in both arms: routed experts active per token, the weights every step
+    reads) plus attention (dense: causal over all keys; MSA: top-k blocks of keys, index scores over all)."""
+    m3 = cfg.m3
+    H, d, hq, hkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    proj = 2 * H * (hq * d + 2 * hkv * d) + 2 * hq * d * H
+    idx = 2 * H * (m3.index_heads + 1) * m3.index_head_dim
+    moe_tok = 2 * 3 * H * m3.moe_intermediate_size * m3.experts_per_token + 2 * 3 * H * m3.shared_intermediate_size \
+        + 2 * H * m3.num_experts
+    dense_tok = 2 * 3 * H * m3.dense_intermediate_size
+    keep = m3.index_topk * m3.index_block_size
+    dense_keys = ctx * (ctx + 1) / 2  # summed over queries
+    msa_keys = sum(min(keep, p + 1) for p in range(0, ctx, 64)) * 64
+    fl = {"dense": 0.0, "msa": 0.0}
+    layer_bound = 0.0  # one MSA + MoE layer alone
+    for i in range(cfg.num_layers):
+        common = ctx * (proj + (moe_tok if m3.mlp_layer_types[i] == "sparse" else dense_tok))
+        sparse = m3.layer_types[i] == "minimax_m3_sparse"
+        dense_l = common + 4 * hq * d * dense_keys
+        msa_l = common + (4 * hq * d * msa_keys + ctx * idx + 2 * m3.index_heads * m3.index_head_dim * dense_keys
+                          if sparse else 4 * hq * d * dense_keys)
+        fl["dense"] += dense_l
+        fl["msa"] += msa_l
+        if sparse:
+            layer_bound = dense_l / msa_l
+    # decode bytes: weights read once per step (the experts the batch routes to: all once batch * k >= E),
+    # then K/V (+ index keys) per sequence
+    experts_read = min(m3.num_experts, batch * m3.experts_per_token)
+    w_attn = 2 * (H * (hq * d + 2 * hkv * d) + hq * d * H)
+    w_moe = 2 * (3 * H * m3.moe_intermediate_size * experts_read + 3 * H * m3.shared_intermediate_size)
+    w_dense = 2 * 3 * H * m3.dense_intermediate_size
+    kv_tok = 2 * 2 * hkv * d
+    by = {"dense": 0.0, "msa": 0.0}
+    layer_byte_bound = attn_byte_bound = 0.0
+    for i in range(cfg.num_layers):
+        w = w_attn + (w_moe if m3.mlp_layer_types[i] == "sparse" else w_dense)
+        sparse = m3.layer_types[i] == "minimax_m3_sparse"
+        kv_dense = batch * ctx * kv_tok
+        kv_msa = batch * ((min(keep, ctx) * kv_tok + ctx * 2 * m3.index_head_dim) if sparse else ctx * kv_tok)
+        by["dense"] += w + kv_dense
+        by["msa"] += w + kv_msa
+        if sparse:
+            layer_byte_bound, attn_byte_bound = (w + kv_dense) / (w + kv_msa), kv_dense / kv_msa
+    return {"flop_dense": fl["dense"], "flop_msa": fl["msa"], "flop_bound": fl["dense"] / fl["msa"],
+            "flop_bound_msa_layer": layer_bound, "bytes_dense": by["dense"], "bytes_msa": by["msa"],
+            "byte_bound": by["dense"] / by["msa"], "byte_bound_msa_layer": layer_byte_bound,
+            "byte_bound_attention": attn_byte_bound}
+
+
+@dataclass(frozen=True)
+class M3Slice:
+    prefill: tuple[int, ...] = (32768, 131072, 524288, 1048576)
+    dense_prefill: tuple[int, ...] = (32768, 131072, 524288, 1048576)
+    decode_contexts: tuple[int, ...] = (32768, 131072)
+    batches: tuple[int, ...] = (1, 8, 64)
+    layers: int = 4
+    experts: int = 128
+    chunk: int = 32768
+    steps: int = 8
+    graphs: bool = True
+    name = "m3_slice"
+
+    def run(self, opts) -> list[dict]:
+        from engine.kv_cache import bytes_per_token
+        from engine.m3.testing import full_width_config, random_m3
+
+        top = max(self.prefill + self.dense_prefill)
+        cfg = full_width_config(self.layers, self.experts, max_position=top + 8192)
+        free()
+        t = time.perf_counter()
+        model = random_m3(cfg, "cuda")
+        sync()
+        rows = [{"bench": "m3_build", "layers": self.layers, "experts": self.experts,
+                 "params_b": sum(p.numel() for p in model.parameters()) / 1e9, "build_s": time.perf_counter() - t,
+                 "weights_gib": torch.cuda.memory_allocated() / 2**30, "moe_impl": model.layers[-1].mlp.impl,
+                 "cache_bytes_per_token_msa": bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                              torch.bfloat16, 128, len(cfg.m3.sparse_layers)),
+                 "cache_bytes_per_token_dense": bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                                torch.bfloat16)}]
+        print(rows[-1], flush=True)
+        timer = LayerTimer(model)
+        try:
+            rows += self._prefill(model, timer)
+            rows += self._decode(model, timer)
+        finally:
+            timer.close()
+        return rows
+
+    def _prefill(self, model, timer: LayerTimer) -> list[dict]:
+        rows = []
+        for kind, lengths in (("msa", self.prefill), ("dense", self.dense_prefill)):
+            if not lengths:
+                continue
+            top = max(lengths)
+            eng = _engine(model, kind, top + 8192, 1, self.chunk, top + 4096, graphs=False)
+            _ttft(eng, 4096, 0)  # warm-up: compiles the kernels
+            for n in lengths:
+                torch.cuda.reset_peak_memory_stats()
+                timer.reset()
+                t = _ttft(eng, n, 1)
+                row = {"bench": "m3_prefill", "attention": kind, "ctx": n, "chunk": min(self.chunk, n), "ttft_s": t,
+                       "peak_gib": peak_gib(), "layer_ms": timer.totals_ms(), **bounds(model.cfg, n, 1)}
+                rows.append(row)
+                print({k: v for k, v in row.items() if k != "layer_ms"}, row["layer_ms"], flush=True)
+            del eng
+            free()
+        return rows
+
+    def _decode(self, model, timer: LayerTimer) -> list[dict]:
+        rows = []
+        for ctx in self.decode_contexts:
+            for batch in self.batches:
+                for kind in ("msa", "dense"):
+                    free()
+                    eng = _engine(model, kind, batch * (ctx + 2 * self.steps + 256), batch, 8192,
+                                  ctx + 2 * self.steps + 128, graphs=self.graphs)
+                    fake_prefill(eng, batch, ctx, max_tokens=2 * self.steps + 8)
+                    graphs_on = eng.use_cuda_graphs
+                    timer.reset()
+                    t = statistics.median(timed_steps(eng, self.steps))
+                    layer_ms = {k: v / (self.steps + 2) for k, v in timer.totals_ms().items()} if not graphs_on else {}
+                    row = {"bench": "m3_decode", "attention": kind, "ctx": ctx, "batch": batch, "graphs": graphs_on,
+                           "step_ms": t * 1e3, "tok_s": batch / t, "cache_gib": eng.cache.bytes() / 2**30,
+                           "peak_gib": peak_gib(), "layer_ms": layer_ms, **bounds(model.cfg, ctx, batch)}
+                    rows.append(row)
+                    print({k: v for k, v in row.items() if k != "layer_ms"}, layer_ms, flush=True)
+                    del eng
+        return rows
