@@ -41,6 +41,12 @@ def add_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.T
     return F.rms_norm(s, (s.shape[-1],), w, eps), s
 
 
+def whole(x: torch.Tensor) -> torch.Tensor:
+    """A layer's `reduce` in one process: its o_proj and MLP outputs are already whole (`engine.parallel`
+    sets an all-reduce of the ranks' partial sums instead)."""
+    return x
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, idx: int):
         super().__init__()
@@ -59,6 +65,7 @@ class DecoderLayer(nn.Module):
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size), requires_grad=False)
         # CPU reduced-precision matmuls by matrix name ("qkv", "o_proj", "gate_up", "down"), or None
         self.fast_linears: dict | None = None
+        self.reduce = whole  # o_proj and MLP outputs -> their sum over tensor-parallel ranks
 
     def linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """x `[T, in]` @ the named fused matrix (its CPU fast version when attached)."""
@@ -105,8 +112,9 @@ class DecoderLayer(nn.Module):
         kc, vc = cache.k[self.idx], cache.v[self.idx]
         q = self._q_and_cache(h, cos, sin, meta, kc, vc)
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
-        h, x = add_rms_norm(self.linear("o_proj", o.reshape(o.shape[0], -1)), self.post_norm, eps, residual=x)
-        return x, self.linear("down", silu_mul(self.linear("gate_up", h)))
+        o = self.reduce(self.linear("o_proj", o.reshape(o.shape[0], -1)))
+        h, x = add_rms_norm(o, self.post_norm, eps, residual=x)
+        return x, self.reduce(self.linear("down", silu_mul(self.linear("gate_up", h))))
 
 
 class CausalLM(nn.Module):

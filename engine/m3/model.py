@@ -21,7 +21,7 @@ from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
 from engine.kv_cache import KVCache
 from engine.m3.moe import DenseMLP, MoE, experts_impl
-from engine.model import add_rms_norm, rms_norm
+from engine.model import add_rms_norm, rms_norm, whole
 from engine.msa.config import HEAD_DIMS
 from engine.rope import RotaryEmbedding, apply_rope
 
@@ -72,6 +72,7 @@ class M3DecoderLayer(nn.Module):
         self.o_proj = nn.Parameter(torch.empty(h, self.q_size), requires_grad=False)
         self.moe = m3.mlp_layer_types[idx] == "sparse"
         self.mlp = MoE(cfg) if self.moe else DenseMLP(h, m3.dense_intermediate_size, m3.swiglu_alpha, m3.swiglu_limit)
+        self.reduce = whole  # o_proj and MLP outputs -> their sum over tensor-parallel ranks (engine.parallel)
 
     def forward(self, x, delta, cos, sin, meta: AttentionMeta, cache: KVCache, attn, positions):
         """As `engine.model.DecoderLayer.forward`: returns (x, this layer's MLP output)."""
@@ -87,8 +88,9 @@ class M3DecoderLayer(nn.Module):
         kc[meta.slot_pages, :, meta.slot_offsets] = k.to(kc.dtype)
         vc[meta.slot_pages, :, meta.slot_offsets] = v.reshape(-1, cfg.num_kv_heads, d).to(vc.dtype)
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
-        h, x = add_rms_norm(F.linear(o.reshape(o.shape[0], -1), self.o_proj), self.post_norm, eps, residual=x)
-        return x, self.mlp(h)
+        o = self.reduce(F.linear(o.reshape(o.shape[0], -1), self.o_proj))
+        h, x = add_rms_norm(o, self.post_norm, eps, residual=x)
+        return x, self.reduce(self.mlp(h))
 
 
 class M3CausalLM(nn.Module):
