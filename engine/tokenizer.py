@@ -14,6 +14,11 @@ import jinja2
 import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
+# answer markup the server parses (reasoning blocks, tool calls): `decode` keeps it even where a
+# tokenizer marks these tokens special (MiniMax's do), so skipping special tokens does not erase it
+MARKUP_TOKENS = ("<think>", "</think>", "<mm:think>", "</mm:think>", "<minimax:tool_call>", "</minimax:tool_call>",
+                 "<tool_call>", "</tool_call>")
+
 
 def _raise(msg: str):
     raise jinja2.exceptions.TemplateError(msg)
@@ -36,6 +41,9 @@ class Tokenizer:
         self.add_bos = add_bos
         self.bos_token_id = tok.token_to_id(bos_token) if bos_token else None
         self._template = None
+        special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        kept = {tok.token_to_id(t) for t in MARKUP_TOKENS} & special
+        self._skipped_ids = special - kept if kept else None  # None: the library's own skipping is right
 
     @property
     def vocab_size(self) -> int:
@@ -54,6 +62,8 @@ class Tokenizer:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._skipped_ids is not None:
+            return self._tok.decode([i for i in ids if i not in self._skipped_ids], skip_special_tokens=False)
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:

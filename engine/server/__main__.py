@@ -9,6 +9,7 @@ import os
 
 from engine.attention.kinds import ATTENTION_KINDS
 from engine.server.config import ServerConfig
+from engine.server.reasoning import REASONING_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -33,12 +34,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
     ap.add_argument("--kv-cache-tokens", type=int, default=int(os.environ.get("MSA_EVAL_KV_TOKENS") or 0) or None)
     ap.add_argument("--no-dequant-cache", action="store_true",
                     default=bool(os.environ.get("MSA_EVAL_NO_DEQUANT_CACHE")))
+    ap.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
+                    default=os.environ.get("MSA_EVAL_REASONING_PARSER") or d.reasoning_parser,
+                    help="<think> blocks -> reasoning_content: auto (when the chat template has them), think, none")
     ap.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     a = ap.parse_args(argv)
     config = ServerConfig(model=a.model, attention=a.attention, host=a.host, port=a.port, max_batch=a.max_batch,
                           max_queue=a.max_queue, max_model_len=a.max_model_len, device=a.device,
                           served_model_names=tuple(a.served_model_names), max_body_bytes=a.max_body_bytes,
-                          weights=a.weights, kv_cache_tokens=a.kv_cache_tokens, dequant_cache=not a.no_dequant_cache)
+                          weights=a.weights, kv_cache_tokens=a.kv_cache_tokens, dequant_cache=not a.no_dequant_cache,
+                          reasoning_parser=a.reasoning_parser)
     return config, a.log_level
 
 

@@ -24,6 +24,7 @@ from engine.server.errors import ApiError
 from engine.server.generation import ClientDisconnected
 from engine.server.jsonguard import MAX_JSON_DEPTH, RequestError
 from engine.server.metrics import ServerMetrics, kv_cache_usage
+from engine.server.reasoning import reasoning_tags
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from engine.server.state import ServingState
 from engine.server.tokenize import tokenizer_router
@@ -114,6 +115,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics),
                          on_abort=metrics.aborted.inc)
     state = ServingState.build(llm, bridge, metrics, config.served_model_names)
+    state.reasoning = reasoning_tags(config.reasoning_parser, getattr(llm.tokenizer, "chat_template", None))
     _ = state.max_prompt_chars  # scans the vocabulary once, at startup
 
     @contextlib.asynccontextmanager

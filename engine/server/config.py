@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.attention.kinds import AttentionKind
+from engine.server.reasoning import REASONING_PARSERS, ReasoningParser
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,16 @@ class ServerConfig:
     weights: str | None = None  # CPU weight mode (LLM weights); None: fp32
     kv_cache_tokens: int | None = None  # None: sized by the engine
     dequant_cache: bool = True  # keep a GGUF's dequantized weights for the next load
+    reasoning_parser: ReasoningParser = "auto"  # <think> blocks -> reasoning_content: auto = when the template has them
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {self.max_batch} and {self.max_queue}")
         if self.max_body_bytes is not None and self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
 

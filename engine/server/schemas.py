@@ -104,6 +104,7 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCallModel] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's reasoning, handed to templates that show it
 
     def text(self) -> str:
         """The content as one string (text parts joined, None -> "")."""
@@ -214,6 +215,7 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallModel] | None = None
 
 
@@ -243,6 +245,7 @@ class DeltaToolCall(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

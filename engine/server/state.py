@@ -9,6 +9,7 @@ from typing import Any
 from engine.server.async_engine import AsyncEngine
 from engine.server.errors import ApiError
 from engine.server.metrics import ServerMetrics
+from engine.server.reasoning import ThinkTags
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest
 from engine.server.toolcalls import messages_for_template, template_supports_tools
 
@@ -20,6 +21,7 @@ class ServingState:
     metrics: ServerMetrics
     model_names: tuple[str, ...]  # first is the canonical id
     created: int
+    reasoning: ThinkTags | None = None  # the tags answers are split on (engine.server.reasoning), None: not split
 
     @classmethod
     def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, extra_names: tuple[str, ...]) -> ServingState:
@@ -100,6 +102,8 @@ class ServingState:
                 d["tool_call_id"] = m.tool_call_id
             if m.name:
                 d["name"] = m.name
+            if m.reasoning_content is not None and m.role == "assistant":
+                d["reasoning_content"] = m.reasoning_content
             messages.append(d)
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         # (tool_choice naming a function outside tools is refused by the request model)

@@ -12,20 +12,27 @@ written into the messages instead:
 This is a prompt convention, not constrained decoding: a model is free to ignore it, and
 `tool_choice` "required" or a named function is only an instruction in the prompt.
 
-Parsing. `parse_tool_calls` accepts the <tool_call> JSON form and, as a fallback, a whole
-answer that is one JSON object (or a list of them) naming an offered tool. Anything
-malformed (bad JSON, unknown tool, arguments that are not an object) leaves the output as
-plain text: a malformed call is data for the caller, never an exception.
+Parsing. `parse_tool_calls` accepts the <tool_call> JSON form, MiniMax's <minimax:tool_call>
+form (`engine.server.minimax_tools`, values typed from the tool's schema) and, as a fallback, a
+whole answer that is one JSON object (or a list of them) naming an offered tool. Anything
+malformed (bad JSON or markup, unknown tool, arguments that are not an object) leaves the output
+as plain text: a malformed call is data for the caller, never an exception.
 """
 from __future__ import annotations
 
 import json
 import re
 import uuid
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+from engine.server import minimax_tools
+
+# a MiniMax block (group 1) or a Hermes block (group 2); an unclosed one runs to the end of the text
+_CALL_BLOCK = re.compile(r"<minimax:tool_call>(.*?)(?:</minimax:tool_call>|\Z)|<tool_call>(.*?)(?:</tool_call>|\Z)",
+                         re.DOTALL)
+BLOCK_OPEN_TAGS = (minimax_tools.BLOCK_OPEN, "<tool_call>")  # where a call may start in an answer
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
@@ -140,7 +147,11 @@ def _strip_fence(text: str) -> str:
     return m.group(1) if m else text.strip()
 
 
-def _as_call(obj: Any, tool_names: set[str]) -> ParsedToolCall | None:
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _as_call(obj: Any, tool_names: Collection[str]) -> ParsedToolCall | None:
     """A parsed JSON value -> a call, or None when it is not a well-formed call of an offered tool."""
     if not isinstance(obj, dict):
         return None
@@ -155,7 +166,7 @@ def _as_call(obj: Any, tool_names: set[str]) -> ParsedToolCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ParsedToolCall(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(args, ensure_ascii=False))
+    return ParsedToolCall(_call_id(), name, json.dumps(args, ensure_ascii=False))
 
 
 def _parse_json(text: str) -> Any:
@@ -165,21 +176,43 @@ def _parse_json(text: str) -> Any:
         return None
 
 
-def parse_tool_calls(text: str, tool_names: set[str]) -> ParsedOutput:
-    """Split model output into (content, tool calls). Malformed calls -> all text, no calls."""
+def _block_calls(m: re.Match, tools: Mapping[str, Any]) -> list[ParsedToolCall] | None:
+    if m.group(1) is None:
+        call = _as_call(_parse_json(m.group(2)), tools)
+        return None if call is None else [call]
+    pairs = minimax_tools.parse_block(m.group(1), tools)
+    if pairs is None:
+        return None
+    return [ParsedToolCall(_call_id(), name, json.dumps(args, ensure_ascii=False)) for name, args in pairs]
+
+
+def offered_tools(tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """OpenAI `tools` (dicts) -> {name: parameters schema or None}, the form `parse_tool_calls` takes."""
+    return {t["function"]["name"]: t["function"].get("parameters") for t in tools or []}
+
+
+def parse_tool_calls(text: str, tool_names: Collection[str] | Mapping[str, Any]) -> ParsedOutput:
+    """Split model output into (content, tool calls). Malformed calls -> all text, no calls.
+
+    `tool_names`: the offered tools, a set of names or {name: parameters schema} (the schema types
+    MiniMax-form argument values; with names only they are typed as JSON-or-text)."""
     as_text = ParsedOutput(content=text, tool_calls=[])
     if not tool_names:
         return as_text
-    blocks = _CALL_BLOCK.findall(text)
+    tools = tool_names if isinstance(tool_names, Mapping) else dict.fromkeys(tool_names)
+    blocks = list(_CALL_BLOCK.finditer(text))
     if blocks:
-        calls = [_as_call(_parse_json(b), tool_names) for b in blocks]
-        if any(c is None for c in calls):
-            return as_text
+        calls: list[ParsedToolCall] = []
+        for m in blocks:
+            got = _block_calls(m, tools)
+            if got is None:
+                return as_text
+            calls += got
         rest = _CALL_BLOCK.sub("", text).strip()
-        return ParsedOutput(content=rest or None, tool_calls=calls)  # type: ignore[arg-type]
+        return ParsedOutput(content=rest or None, tool_calls=calls)
     obj = _parse_json(text)
     items = obj if isinstance(obj, list) and obj else [obj]
-    calls = [_as_call(o, tool_names) for o in items]
-    if obj is None or any(c is None for c in calls):
+    parsed = [_as_call(o, tools) for o in items]
+    if obj is None or any(c is None for c in parsed):
         return as_text
-    return ParsedOutput(content=None, tool_calls=calls)  # type: ignore[arg-type]
+    return ParsedOutput(content=None, tool_calls=parsed)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ import click
 
 from engine.attention.kinds import AttentionKind
 from engine.server.config import ServerConfig
+from engine.server.reasoning import REASONING_PARSERS
 from msa_eval.cli.options import attention_option, engine_options
 from msa_eval.errors import MsaEvalError
 
@@ -28,11 +29,15 @@ _D = ServerConfig()  # the defaults, shared with `python -m engine.server`
 @click.option("--served-model-name", "served_names", multiple=True,
               help="Extra name accepted in the request's `model` field (repeatable).")
 @engine_options
+@click.option("--reasoning-parser", default=_D.reasoning_parser, show_default=True, envvar="MSA_EVAL_REASONING_PARSER",
+              type=click.Choice(REASONING_PARSERS),
+              help="<think> blocks -> reasoning_content: auto (when the chat template has them), think, none.")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch: int, max_queue: int,
           max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
-          weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, log_level: str) -> None:
+          weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, reasoning_parser: str,
+          log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""
     import uvicorn
 
@@ -44,7 +49,8 @@ def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch:
         config = ServerConfig(model=model, attention=attention, host=host, port=port, max_batch=max_batch,
                               max_queue=max_queue, max_model_len=max_model_len, device=device,
                               served_model_names=served_names, max_body_bytes=max_body_bytes, weights=weights,
-                              kv_cache_tokens=kv_cache_tokens or None, dequant_cache=not no_dequant_cache)
+                              kv_cache_tokens=kv_cache_tokens or None, dequant_cache=not no_dequant_cache,
+                              reasoning_parser=reasoning_parser)  # type: ignore[arg-type]
         app = create_app(config)
     except ValueError as e:
         raise MsaEvalError(f"bad serve option: {e}") from e
