@@ -223,3 +223,81 @@ class M3Slice:
                     print({k: v for k, v in row.items() if k != "layer_ms"}, layer_ms, flush=True)
                     del eng
         return rows
+
+
+@dataclass(frozen=True)
+class M3VersusHF:
+    """TTFT of transformers' own `MiniMaxM3VLForCausalLM` (its Hopper path: sdpa, the sparse layers' selection
+    expanded into a dense mask) against our engine (`--attention msa`, the prompt in one chunk) on the same
+    full-width slice with `experts` experts per MoE layer (fewer than 128 so that transformers' activations
+    fit beside the weights; both arms run the same shapes), random bf16 weights; one timed run per length
+    after a 2048-token warm-up; an out-of-memory is a row."""
+
+    lengths: tuple[int, ...] = (4096, 8192, 16384, 32768)
+    layers: int = 4
+    experts: int = 16
+    name = "m3_vs_hf"
+
+    def run(self, opts) -> list[dict]:
+        from engine.m3.testing import full_width_config, random_m3
+
+        cfg = full_width_config(self.layers, self.experts, max_position=max(self.lengths) + 8192)
+        rows = []
+        free()
+        model = random_m3(cfg, "cuda")
+        eng = _engine(model, "msa", max(self.lengths) + 8192, 1, max(self.lengths), max(self.lengths) + 4096,
+                      graphs=False)
+        _ttft(eng, 2048, 0)
+        for n in self.lengths:
+            torch.cuda.reset_peak_memory_stats()
+            rows.append({"bench": "m3_vs_hf", "impl": "ours-msa", "ctx": n, "experts": self.experts,
+                         "ttft_s": _ttft(eng, n, 1), "peak_gib": peak_gib()})
+            print(rows[-1], flush=True)
+        del eng, model
+        free()
+        rows += self._hf(cfg)
+        return rows
+
+    def _hf(self, cfg) -> list[dict]:
+        import transformers
+        from transformers import MiniMaxM3VLForCausalLM, MiniMaxM3VLTextConfig
+
+        m3 = cfg.m3
+        hc = MiniMaxM3VLTextConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=m3.moe_intermediate_size,
+            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, dense_intermediate_size=m3.dense_intermediate_size,
+            shared_intermediate_size=m3.shared_intermediate_size, num_local_experts=m3.num_experts,
+            num_experts_per_tok=m3.experts_per_token, index_n_heads=m3.index_heads, index_head_dim=m3.index_head_dim,
+            index_block_size=m3.index_block_size, index_topk_blocks=m3.index_topk, layer_types=list(m3.layer_types),
+            mlp_layer_types=list(m3.mlp_layer_types), max_position_embeddings=cfg.max_position,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta, "partial_rotary_factor": 0.5})
+        hc._attn_implementation = "sdpa"
+        with torch.device("cuda"):
+            model = MiniMaxM3VLForCausalLM(hc).to(torch.bfloat16).eval()
+        rows = []
+
+        def forward(model, n: int) -> float:
+            ids = torch.tensor([random_prompt(n, cfg.vocab_size, 1)], device="cuda")
+            sync()
+            t = time.perf_counter()
+            with torch.no_grad():
+                model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            sync()
+            return time.perf_counter() - t
+
+        forward(model, 2048)
+        for n in self.lengths:
+            torch.cuda.reset_peak_memory_stats()
+            row = {"bench": "m3_vs_hf", "impl": f"transformers-{transformers.__version__}-sdpa", "ctx": n,
+                   "experts": self.experts}
+            try:
+                row.update(ttft_s=forward(model, n), peak_gib=peak_gib())
+            except torch.OutOfMemoryError:
+                row.update(error="out of memory", peak_gib=peak_gib())
+                free()
+            rows.append(row)
+            print(row, flush=True)
+        del model
+        free()
+        return rows

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from benchmarks.cli import env_row, parser, run_sections
 from benchmarks.engine_gpu.decode import Roofline, VersusHF
-from benchmarks.engine_gpu.m3 import M3Slice
+from benchmarks.engine_gpu.m3 import M3Slice, M3VersusHF
 from benchmarks.engine_gpu.msa import Decode, MSAGraphs, Prefill
 from benchmarks.engine_gpu.step import Step
 from benchmarks.engine_gpu.tables import markdown
 
-Section = Roofline | VersusHF | Prefill | Decode | MSAGraphs | Step | M3Slice
+Section = Roofline | VersusHF | Prefill | Decode | MSAGraphs | Step | M3Slice | M3VersusHF
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,12 @@ PRESETS: dict[str, Preset] = {
     "m3-slice": Preset("MiniMax-M3 at full width, 4 layers (1 full + dense MLP, 3 MSA + 128-expert MoE), random bf16: "
                        "TTFT 32K-1M MSA and dense (32K chunks), decode batch 1/8/64 at 32K / 128K, per-layer times",
                        (M3Slice(),)),
+    "m3-vs-hf": Preset("M3 slice (16 experts) TTFT 4K-32K: ours (msa) vs transformers' own M3 (sdpa, its Hopper path)",
+                       (M3VersusHF(),)),
     "m3-smoke": Preset("the M3 slice at tiny sizes (8 experts, 8K / 16K, batch 1 and 4): checks the section",
                        (M3Slice(prefill=(8192, 16384), dense_prefill=(8192,), decode_contexts=(8192,),
-                                batches=(1, 4), experts=8, chunk=8192, steps=4),)),
+                                batches=(1, 4), experts=8, chunk=8192, steps=4),
+                        M3VersusHF(lengths=(4096,), experts=8))),
     "step": Preset("where a decode step's time goes, default model, sync and async, batch 1 and 8", (Step(),)),
     "smoke": Preset("every section at tiny sizes (checks the runner on a GPU in about a minute)",
                     (Roofline(ctx=512, steps=8, graphs=(True,)),

@@ -1,8 +1,8 @@
 """MiniMax-M3's MLPs: SwiGLU-OAI (`swiglu_oai`), the dense MLP and the MoE block (sigmoid router whose
 `e_score_correction_bias` only chooses, top-k experts renormalised, `routed_scaling_factor`, one shared
-expert). The routed experts run `kernels.moe` (Triton grouped GEMMs on a GPU) when it is importable and
-the model is put on a CUDA device (`MoE.impl`, chosen once by `experts_impl`); `experts_torch` is the
-reference used on the CPU: tokens sorted by expert, one matmul pair per expert that has tokens.
+expert). On a CUDA device routing and experts run `kernels.moe` (a fused router kernel and Triton grouped
+GEMMs, no host sync); on the CPU `route` and `experts_torch` (tokens sorted by expert, one matmul pair per
+expert that has tokens). `MoE.impl` is chosen once, by `experts_impl`, when the model is prepared.
 """
 from __future__ import annotations
 
@@ -84,25 +84,17 @@ class MoE(nn.Module):
         self.impl = "torch"  # set by the model's `prepare(device)` (`experts_impl`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "triton":  # fused router kernel + grouped GEMMs, no host sync (CUDA-graph safe)
+            from kernels.moe import moe_experts, moe_route
+
+            weights, ids = moe_route(x, self.router, self.bias, self.k, impl="triton")
+            routed = moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
+                                 scaling=self.scaling, impl="triton")
+            return routed + self.shared(x)
         weights, ids = route(x, self.router, self.bias, self.k)
-        routed = self._experts(x, weights, ids)
-        return routed * self.scaling + self.shared(x)
-
-    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        if self.impl == "triton":
-            from kernels.moe import moe_experts
-
-            return moe_experts(x, self.w13, self.w2, weights, ids.to(torch.int32), alpha=self.alpha,
-                               limit=self.limit, scaling=1.0, impl="triton")
-        return experts_torch(x, self.w13, self.w2, weights, ids, self.alpha, self.limit)
+        return experts_torch(x, self.w13, self.w2, weights, ids, self.alpha, self.limit) * self.scaling + self.shared(x)
 
 
 def experts_impl(device: torch.device) -> str:
-    """"triton" (kernels.moe) on CUDA when that op is installed, else "torch" (`experts_torch`)."""
-    if torch.device(device).type != "cuda":
-        return "torch"
-    try:
-        import kernels.moe  # noqa: F401 - presence check only
-    except ImportError:
-        return "torch"
-    return "triton"
+    """"triton" (`kernels.moe`: the fused router and grouped GEMMs) on CUDA, else "torch" (`route`, `experts_torch`)."""
+    return "triton" if torch.device(device).type == "cuda" else "torch"
