@@ -70,7 +70,7 @@ def _tile(pid, n_blocks, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     n_tiles = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * n_tiles
     first = (pid // per_group) * GROUP_M
-    size = min(n_blocks - first, GROUP_M)
+    size = tl.minimum(n_blocks - first, GROUP_M)
     return first + (pid % per_group) % size, (pid % per_group) // size
 
 
