@@ -17,15 +17,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-from safetensors import safe_open  # noqa: E402 - after the importorskip
-from safetensors.torch import load_file, save_file  # noqa: E402 - after the importorskip
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from engine.config import from_hf_config  # noqa: E402 - after the importorskip
-from engine.errors import ModelIntegrityError, UnsupportedModelError  # noqa: E402 - after the importorskip
-from engine.m3.checkpoint import open_checkpoint  # noqa: E402 - after the importorskip
-from engine.m3.fp8 import dequantize_fp8_blocks, quantize_fp8_blocks, write_fp8_checkpoint  # noqa: E402
-from engine.m3.names import checkpoint_tensors, is_projection  # noqa: E402 - after the importorskip
-from engine.m3.testing import text_config, write_checkpoint  # noqa: E402 - after the importorskip
+from engine.config import from_hf_config
+from engine.errors import ModelIntegrityError, UnsupportedModelError
+from engine.m3.checkpoint import open_checkpoint
+from engine.m3.fp8 import dequantize_fp8_blocks, quantize_fp8_blocks, write_fp8_checkpoint
+from engine.m3.names import checkpoint_tensors, is_projection
+from engine.m3.testing import text_config, write_checkpoint
 
 CLI = [sys.executable, "-m", "msa_eval.cli"]
 PREFIX = "language_model."
@@ -75,7 +75,7 @@ def _headers(path: Path) -> dict[str, tuple[list[int], str]]:
     out = {}
     for f in sorted(path.glob("*.safetensors")):
         with safe_open(str(f), "pt") as h:
-            for k in h.keys():  # noqa: SIM118 - safe_open handles are not iterable
+            for k in h.keys():
                 s = h.get_slice(k)
                 out[k] = (s.get_shape(), s.get_dtype())
     return out
@@ -96,7 +96,7 @@ def test_tensors_are_transformers_state_fp32_exact_with_one_skip_line(hub, caplo
     lines = [r.getMessage() for r in caplog.records if r.name == "engine.m3.checkpoint"]
     skipped = [k for k in _headers(path) if not k.startswith(PREFIX)]
     assert len(lines) == 1 and f"skipped {len(skipped)} tensors" in lines[0] and "vision tower" in lines[0]
-    raw = {}
+    raw: dict[str, torch.Tensor] = {}
     for f in sorted(path.glob("*.safetensors")):
         raw |= load_file(str(f))
     with ck:
@@ -225,13 +225,13 @@ BAD = {
                       ["model-00003-of-", ".safetensors is missing", "download every shard"]),
     "truncated shard": (lambda p: _truncate(_shard(p, 1)), ModelIntegrityError, ["00002-of-", "is truncated"]),
     "missing tensor": (lambda p: _drop_tensor(p, PREFIX + "model.layers.3.self_attn.index_q_proj.weight"),
-                       ModelIntegrityError, ["tensor language_model.model.layers.3.self_attn.index_q_proj.weight is "
-                                             "missing", "hub layout"]),
+                       ModelIntegrityError, [("tensor language_model.model.layers.3.self_attn.index_q_proj.weight is "
+                                             "missing"), "hub layout"]),
     "wrong shape": (lambda p: _edit_config(p, text_shared_intermediate_size=TC["shared_intermediate_size"] + 8),
                     ModelIntegrityError,
-                    ["language_model.model.layers.1.block_sparse_moe.shared_experts.gate_proj.weight has shape "
+                    [("language_model.model.layers.1.block_sparse_moe.shared_experts.gate_proj.weight has shape "
                      f"[{TC['shared_intermediate_size']}, {TC['hidden_size']}] in the checkpoint but config.json makes "
-                     f"it [{TC['shared_intermediate_size'] + 8}, {TC['hidden_size']}]"]),
+                     f"it [{TC['shared_intermediate_size'] + 8}, {TC['hidden_size']}]")]),
     "unknown model_type": (lambda p: _edit_config(p, model_type="minimax_m4_vl"), UnsupportedModelError,
                            ["model_type 'minimax_m4_vl'", "MiniMax-M3"]),
     "unsupported quantization": (lambda p: _edit_config(p, quantization_config={"quant_method": "awq", "bits": 4}),
