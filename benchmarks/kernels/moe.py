@@ -9,7 +9,8 @@ included); the chosen experts' weights exceed the L2 at every T, so the cache ne
 T: median of CUDA-event-timed runs after a warm-up, the L2 flushed before each (``prefill.timed``).
 FLOPs: ``6 * T * k * H * I`` (gate_up 2 x 2I x H, down 2 x H x I per routed pair). Bytes: the chosen
 experts' weights, ``distinct experts x 3 x I x H x 2``. Ceilings measured in the same call: bf16
-``torch.mm`` of 8192^3 (FLOP/s) and ``y.copy_(x)`` of 2 GiB (read + write bytes per second).
+``torch.mm`` of 8192^3 (FLOP/s) and an SM copy kernel over 2 GiB (``torch.mul(x, 1, out=y)``, read + write
+bytes per second, as ``decode.py``); ``y.copy_(x)`` (a memcpy, about 2.7 TB/s) is printed beside it.
 On the CPU (``TRITON_INTERPRET=1``) the ``ci`` preset runs the same code on tiny shapes.
 """
 from __future__ import annotations
@@ -45,44 +46,50 @@ class Preset:
     doc: str
     shape: str
     tokens: tuple[int, ...]
-    variants: tuple[tuple[str, MoETuning], ...] = ()  # extra tunings timed beside the plan's own
+    variants: tuple[tuple[int, str, MoETuning], ...] = ()  # (T, label, tuning) timed beside the plan's own
     baselines: bool = True
 
 
-_DECODE_VARIANTS = (
-    ("bk256", MoETuning(gate_up=GemmConfig(64, 256, 4, 3), down=GemmConfig(64, 256, 4, 3))),
-    ("bn32", MoETuning(gate_up=GemmConfig(32, 128, 4, 4), down=GemmConfig(32, 128, 4, 4))),
-    ("bn128", MoETuning(gate_up=GemmConfig(128, 128, 4, 3), down=GemmConfig(128, 128, 4, 3))),
-    ("atomic", MoETuning(combine="atomic")),
-)
-_PREFILL_VARIANTS = (
-    ("st4", MoETuning(gate_up=GemmConfig(128, 64, 8, 4), down=GemmConfig(256, 64, 8, 4))),
-    ("down128", MoETuning(down=GemmConfig(128, 64, 8, 4))),
-    ("gu64", MoETuning(gate_up=GemmConfig(64, 64, 4, 4))),
-    ("k128", MoETuning(gate_up=GemmConfig(128, 128, 8, 2), down=GemmConfig(256, 128, 8, 2))),
-    ("atomic", MoETuning(combine="atomic")),
+def _cfg(bn: int, bk: int, warps: int, stages: int) -> GemmConfig:
+    return GemmConfig(bn, bk, warps, stages)
+
+
+_SWEEP = (  # run on the H200 once each; the plan keeps the fastest (RESULTS.md)
+    (1, "bn32", MoETuning(gate_up=_cfg(32, 128, 4, 4), down=_cfg(32, 128, 4, 4))),
+    (1, "bn32 bk256", MoETuning(gate_up=_cfg(32, 256, 4, 3), down=_cfg(32, 256, 4, 3))),
+    (8, "bn32", MoETuning(gate_up=_cfg(32, 128, 4, 4), down=_cfg(32, 128, 4, 4))),
+    (64, "bk256", MoETuning(gate_up=_cfg(64, 256, 4, 3), down=_cfg(64, 256, 4, 3))),
+    (64, "bn32", MoETuning(gate_up=_cfg(32, 128, 4, 4), down=_cfg(32, 128, 4, 4))),
+    (4096, "middle tiles (BM 64)", MoETuning(block_m=64, gate_up=_cfg(64, 64, 4, 3), down=_cfg(128, 64, 4, 3),
+                                             group_m=4)),
+    (4096, "BM 64, BN 128", MoETuning(block_m=64, gate_up=_cfg(128, 64, 4, 4), down=_cfg(128, 64, 4, 4),
+                                      group_m=4)),
+    (32768, "group 16", MoETuning(group_m=16)),
+    (32768, "stages 4 (both)", MoETuning(gate_up=_cfg(128, 64, 8, 4), down=_cfg(256, 64, 8, 4))),
 )
 
 PRESETS = {
     "m3": Preset("M3 experts (H 6144, I 3072, E 128, k 4) at T = 1, 8, 64 (decode), 4K, 32K (prefill)", "m3",
                  (1, 8, 64, 4096, 32768)),
-    "sweep": Preset("M3 at T = 64 and 32K: the plan's tiles against a few others", "m3", (64, 32768),
-                    variants=_DECODE_VARIANTS + _PREFILL_VARIANTS, baselines=False),
+    "sweep": Preset("M3 at T = 1, 8, 64, 4K, 32K: the plan's tiles against a few others", "m3",
+                    (1, 8, 64, 4096, 32768), variants=_SWEEP, baselines=False),
     "ci": Preset("tiny shapes under TRITON_INTERPRET=1 on the CPU (checks the runner)", "tiny", (5, 300),
-                 variants=(("atomic", MoETuning(combine="atomic")),)),
+                 variants=((5, "bn32", MoETuning(gate_up=_cfg(32, 32, 4, 2))),)),
 }
 
 
-def ceilings() -> tuple[float, float]:
-    """(bf16 torch.mm FLOP/s on 8192^3, copy bytes/s read + write over 2 GiB), measured here."""
+def ceilings() -> tuple[float, float, float]:
+    """Measured here: bf16 ``torch.mm`` FLOP/s on 8192^3; copy bytes/s (read + write) over 2 GiB of an SM
+    kernel (``torch.mul(x, 1, out=y)``, the ceiling) and of ``y.copy_(x)`` (a device-to-device memcpy)."""
     n = 8192
     a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
                                                                              dtype=torch.bfloat16)
     t_mm = timed(lambda: torch.mm(a, b), 15, True) / 1e3
     x = torch.randn(GIB, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
-    t_copy = graph_time([lambda: y.copy_(x)], cuda=True)
-    return 2 * n**3 / t_mm, 4 * GIB / t_copy
+    t_sm = graph_time([lambda: torch.mul(x, 1.0, out=y)], cuda=True)
+    t_memcpy = graph_time([lambda: y.copy_(x)], cuda=True)
+    return 2 * n**3 / t_mm, 4 * GIB / t_sm, 4 * GIB / t_memcpy
 
 
 def torch_loop(x, w13, w2, weights, ids):
@@ -127,7 +134,7 @@ class Weights:
         self.bias = torch.randn(e, generator=g, device=dev) * 0.01
 
 
-def case_rows(s: MoEShape, t: int, wts: Weights, preset: Preset, ceil: tuple[float, float] | None) -> list[dict]:
+def case_rows(s: MoEShape, t: int, wts: Weights, preset: Preset, ceil: tuple[float, ...] | None) -> list[dict]:
     cuda = torch.cuda.is_available()
     dev = wts.w13.device
     x = torch.randn(t, s.hidden, device=dev, dtype=wts.w13.dtype)
@@ -148,7 +155,8 @@ def case_rows(s: MoEShape, t: int, wts: Weights, preset: Preset, ceil: tuple[flo
 
     ref = torch_loop(*args)
     rows = []
-    for label, tuning in (("plan", None),) + preset.variants:
+    variants = [(label, tuning) for vt, label, tuning in preset.variants if vt == t]
+    for label, tuning in [("plan", None), *variants]:
         plan = plan_experts(t, s.topk, s.experts, x.dtype, dev, impl=impl, tuning=tuning)
         try:
             out = moe_experts(*args, alpha=ALPHA, limit=LIMIT, scaling=SCALING, impl=impl, tuning=tuning)
@@ -158,6 +166,7 @@ def case_rows(s: MoEShape, t: int, wts: Weights, preset: Preset, ceil: tuple[flo
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         ms = time_of(lambda tuning=tuning: moe_experts(*args, alpha=ALPHA, limit=LIMIT, scaling=SCALING, impl=impl,
                                                        tuning=tuning))
+        plan_ms = plan_ms or ms
         row = dict(tokens=t, variant=label if tuning else f"plan ({plan.regime}, BM {plan.block_m})",
                    experts_ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1), pct_mm_peak=None,
                    distinct_experts=distinct, expert_gb_per_s=round(nbytes / ms / 1e6, 1), pct_copy=None,
@@ -171,14 +180,14 @@ def case_rows(s: MoEShape, t: int, wts: Weights, preset: Preset, ceil: tuple[flo
     if preset.baselines:
         t_loop = time_of(lambda: torch_loop(*args)) if not (decode and cuda) else timed(lambda: torch_loop(*args),
                                                                                         10, cuda)
-        rows[0].update(torch_loop_ms=round(t_loop, 4), vs_loop=f"{t_loop / rows[0]['experts_ms']:.2f}x")
+        rows[0].update(torch_loop_ms=round(t_loop, 4), vs_loop=f"{t_loop / plan_ms:.2f}x")
         if cuda and hasattr(torch, "_grouped_mm"):
             try:
                 err = ((torch_grouped(*args).float() - ref.float()).norm() / ref.float().norm()).item()
                 t_gm = timed(lambda: torch_grouped(*args), reps_for(flops / 4e14 * 1e3), cuda)
-                rows[0].update(grouped_mm_ms=round(t_gm, 4), vs_grouped_mm=f"{t_gm / rows[0]['experts_ms']:.2f}x",
+                rows[0].update(grouped_mm_ms=round(t_gm, 4), vs_grouped_mm=f"{t_gm / plan_ms:.2f}x",
                                grouped_mm_err=f"{err:.1e}")
-            except (RuntimeError, TypeError) as exc:  # noqa: BLE001 - a torch without this grouped-mm form
+            except (RuntimeError, TypeError) as exc:
                 rows[0].update(grouped_mm_ms=f"n/a ({str(exc).splitlines()[0][:60]})")
     return rows
 
@@ -190,7 +199,8 @@ def run(preset: str) -> list[dict]:
     ceil = None
     if cuda:
         ceil = ceilings()
-        print(dict(mm_peak_tflops=round(ceil[0] / 1e12, 1), copy_tb_per_s=round(ceil[1] / 1e12, 3)), flush=True)
+        print(dict(mm_peak_tflops=round(ceil[0] / 1e12, 1), sm_copy_tb_per_s=round(ceil[1] / 1e12, 3),
+                   memcpy_tb_per_s=round(ceil[2] / 1e12, 3)), flush=True)
     wts = Weights(s, "cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32)
     rows = []
     for t in p.tokens:
@@ -200,5 +210,6 @@ def run(preset: str) -> list[dict]:
         if cuda:
             torch.cuda.empty_cache()
     if ceil:
-        rows.append(dict(tokens="ceilings", variant=f"mm {ceil[0] / 1e12:.1f} TFLOP/s, copy {ceil[1] / 1e12:.3f} TB/s"))
+        rows.append(dict(tokens="ceilings", variant=f"mm {ceil[0] / 1e12:.1f} TFLOP/s, SM copy {ceil[1] / 1e12:.3f} "
+                         f"TB/s (memcpy {ceil[2] / 1e12:.3f})"))
     return rows

@@ -120,18 +120,12 @@ def launch(plan: ExpertsPlan, x, w13, w2, weights, ids, *, alpha: float, limit: 
         TOPK=topk, BLOCK_M=plan.block_m, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=plan.group_m,
         EVEN_K=h % g1.block_k == 0, UPCAST=plan.upcast, IEEE=plan.ieee, num_warps=g1.num_warps,
         num_stages=g1.num_stages)
-    atomic = plan.combine == "atomic"
-    if atomic:
-        out = torch.zeros((t, h), dtype=torch.float32, device=x.device)
-    else:
-        out = torch.empty((t * topk, h), dtype=x.dtype, device=x.device)
+    out = torch.empty((t * topk, h), dtype=x.dtype, device=x.device)  # every row written: one per pair
     g2 = plan.down
     _down_kernel[(n_blocks * -(-h // g2.block_n),)](
         hbuf, w2, align.sorted_ids, align.block_expert, weights, out, n_blocks, t * topk, h, inter,
         hbuf.stride(0), w2.stride(0), w2.stride(1), out.stride(0), float(scaling),
         TOPK=topk, BLOCK_M=plan.block_m, BLOCK_N=g2.block_n, BLOCK_K=g2.block_k, GROUP_M=plan.group_m,
-        EVEN_K=inter % g2.block_k == 0, ATOMIC=atomic, UPCAST=plan.upcast, IEEE=plan.ieee,
+        EVEN_K=inter % g2.block_k == 0, UPCAST=plan.upcast, IEEE=plan.ieee,
         num_warps=g2.num_warps, num_stages=g2.num_stages)
-    if atomic:
-        return out.to(x.dtype)
     return out.view(t, topk, h).sum(1) if topk > 1 else out

@@ -14,7 +14,6 @@ CUDA graph captured at one T replays for any routing):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import torch
 
@@ -23,7 +22,6 @@ from kernels._common.validate import resolve_impl
 
 ROUTE_OP = "moe_route"
 EXPERTS_OP = "moe_experts"
-Combine = Literal["sum", "atomic"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,6 @@ class MoETuning:
     gate_up: GemmConfig | None = None
     down: GemmConfig | None = None
     group_m: int | None = None
-    combine: Combine | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,6 @@ class ExpertsPlan:
     gate_up: GemmConfig
     down: GemmConfig
     group_m: int
-    combine: Combine  # "sum": [T*k, H] slot rows, then a sum over the k slots; "atomic": fp32 atomic adds
     upcast: bool  # interpreter: dot operands cast to fp32
     ieee: bool  # fp32 inputs: full-precision dot
 
@@ -87,7 +83,7 @@ def plan_experts(tokens: int, topk: int, experts: int, dtype: torch.dtype, devic
     block_m, gate_up, down, group_m = _REGIMES[name]
     t = tuning or MoETuning()
     plan = ExpertsPlan(impl=impl, regime=name, block_m=t.block_m or block_m, gate_up=t.gate_up or gate_up,
-                       down=t.down or down, group_m=t.group_m or group_m, combine=t.combine or "sum",
+                       down=t.down or down, group_m=t.group_m or group_m,
                        upcast=interpreting(), ieee=dtype == torch.float32)
     if interpreting():  # the interpreter: small tiles (numpy emulation), same code paths
         plan = replace(plan, gate_up=replace(plan.gate_up, block_k=min(plan.gate_up.block_k, 32)),

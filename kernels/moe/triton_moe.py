@@ -6,8 +6,7 @@ the two grouped GEMMs over expert-sorted, ``BLOCK_M``-aligned row blocks (see ``
 * ``_gate_up_kernel``: one ``[BLOCK_M, BLOCK_N]`` tile of ``h`` = SwiGLU-OAI of the gate and up halves of
   ``x @ W13[e]^T`` (two accumulators, the same x tile), rows gathered through the sorted token ids.
 * ``_down_kernel``: one ``[BLOCK_M, BLOCK_N]`` tile of ``h @ W2[e]^T`` times the row's routing weight and
-  the scaling; written to its (token, slot) row of a ``[T*k, H]`` buffer (summed over slots after) or
-  atomically added into an fp32 ``[T, H]`` output.
+  the scaling, written to its (token, slot) row of a ``[T*k, H]`` buffer (the op sums the k slots).
 
 Blocks past the last expert's segment (``block_expert = -1``) exit at once, so the grid is sized from
 shapes alone (no host sync, CUDA-graph safe). ``UPCAST``: the interpreter casts dot operands to fp32
@@ -127,8 +126,7 @@ def _gate_up_kernel(x_ptr, w_ptr, sorted_ptr, block_expert_ptr, h_ptr, n_blocks,
 def _down_kernel(h_ptr, w_ptr, sorted_ptr, block_expert_ptr, weights_ptr, out_ptr, n_blocks, n_valid, N, K,
                  shm, swe, swn, som, scaling,
                  TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, ATOMIC: tl.constexpr, UPCAST: tl.constexpr,
-                 IEEE: tl.constexpr):
+                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     pid_m, pid_n = _tile(tl.program_id(0), n_blocks, N, BLOCK_N, GROUP_M)
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:
@@ -160,10 +158,5 @@ def _down_kernel(h_ptr, w_ptr, sorted_ptr, block_expert_ptr, weights_ptr, out_pt
         b_ptrs += BLOCK_K
     w = tl.load(weights_ptr + flat, mask=valid, other=0.0) * scaling
     acc = acc * w[:, None]
-    mask = valid[:, None] & col_ok[None, :]
-    if ATOMIC:
-        tok = tl.where(valid, flat // TOPK, 0)
-        tl.atomic_add(out_ptr + tok[:, None].to(tl.int64) * som + cols[None, :], acc, mask=mask)
-    else:
-        dst = out_ptr + tl.where(valid, flat, 0)[:, None].to(tl.int64) * som + cols[None, :]
-        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    dst = out_ptr + tl.where(valid, flat, 0)[:, None].to(tl.int64) * som + cols[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])

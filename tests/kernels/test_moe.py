@@ -3,7 +3,16 @@ the reference against transformers' own M3 MoE block, the alignment table, and t
 import pytest
 import torch
 
-from kernels.moe import MoETuning, align_tokens, aligned_rows, moe_experts, moe_route, plan_experts, reference
+from kernels.moe import (
+    GemmConfig,
+    MoETuning,
+    align_tokens,
+    aligned_rows,
+    moe_experts,
+    moe_route,
+    plan_experts,
+    reference,
+)
 from kernels.testing import assert_close
 
 ALPHA, LIMIT, SCALING = 1.702, 7.0, 2.0
@@ -138,10 +147,12 @@ def test_experts_larger_regimes(tokens):
     assert_close("routed", expected(c), experts(c, impl="triton"), 1e-5)
 
 
-def test_atomic_combine_matches_sum():
+def test_tuning_overrides_tiles():
     c = make(30, k=3, seed=7)
-    out = experts(c, impl="triton", tuning=MoETuning(combine="atomic"))
-    assert_close("routed (atomic)", expected(c), out, 1e-5)
+    tuning = MoETuning(block_m=32, gate_up=GemmConfig(16, 16, 4, 2), down=GemmConfig(32, 16, 4, 2), group_m=2)
+    plan = plan_experts(30, 3, 8, torch.float32, torch.device("cpu"), impl="triton", tuning=tuning)
+    assert (plan.block_m, plan.gate_up.block_n, plan.down.block_n, plan.group_m) == (32, 16, 32, 2)
+    assert_close("routed (tuned tiles)", expected(c), experts(c, impl="triton", tuning=tuning), 1e-5)
 
 
 def test_no_tokens():
