@@ -154,7 +154,8 @@ def case_rows(s: MoEShape, t: int, wts: Weights, preset: Preset, ceil: tuple[flo
         return timed(fn, reps_for(flops / 4e14 * 1e3), cuda)
 
     ref = torch_loop(*args)
-    rows = []
+    rows: list[dict] = []
+    plan_ms = 0.0
     variants = [(label, tuning) for vt, label, tuning in preset.variants if vt == t]
     for label, tuning in [("plan", None), *variants]:
         plan = plan_experts(t, s.topk, s.experts, x.dtype, dev, impl=impl, tuning=tuning)
