@@ -57,7 +57,9 @@ def _cfg(bn: int, bk: int, warps: int, stages: int) -> GemmConfig:
 _SWEEP = (  # run on the H200 once each; the plan keeps the fastest (RESULTS.md)
     (1, "bn32", MoETuning(gate_up=_cfg(32, 128, 4, 4), down=_cfg(32, 128, 4, 4))),
     (1, "bn32 bk256", MoETuning(gate_up=_cfg(32, 256, 4, 3), down=_cfg(32, 256, 4, 3))),
+    (1, "bn16 bk256", MoETuning(gate_up=_cfg(16, 256, 4, 3), down=_cfg(16, 256, 4, 3))),
     (8, "bn32", MoETuning(gate_up=_cfg(32, 128, 4, 4), down=_cfg(32, 128, 4, 4))),
+    (8, "bn32 bk256", MoETuning(gate_up=_cfg(32, 256, 4, 3), down=_cfg(32, 256, 4, 3))),
     (64, "bk256", MoETuning(gate_up=_cfg(64, 256, 4, 3), down=_cfg(64, 256, 4, 3))),
     (64, "bn32", MoETuning(gate_up=_cfg(32, 128, 4, 4), down=_cfg(32, 128, 4, 4))),
     (4096, "middle tiles (BM 64)", MoETuning(block_m=64, gate_up=_cfg(64, 64, 4, 3), down=_cfg(128, 64, 4, 3),
