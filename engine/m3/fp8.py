@@ -30,16 +30,17 @@ def _grid(n: int, block: int) -> int:
 
 def quantize_fp8_blocks(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """(q float8_e4m3fn of `w`'s shape, scale_inv fp32 `[ceil(out/block), ceil(in/block)]`) of a 2-D `w`;
-    an all-zero block gets a tiny positive scale (its q is zero)."""
+    an all-zero block gets scale 1 (its q is zero)."""
     if w.dim() != 2:
         raise ValueError(f"block FP8 quantizes 2-D matrices, got shape {tuple(w.shape)}")
     out, inn = w.shape
     ro, ri = _grid(out, block), _grid(inn, block)
     padded = torch.nn.functional.pad(w.float(), (0, ri * block - inn, 0, ro * block - out))
     blocks = padded.view(ro, block, ri, block)
-    scale = (blocks.abs().amax(dim=(1, 3)) / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    q = (blocks / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.view(ro * block, ri * block)[:out, :inn].contiguous(), scale
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, E4M3_MAX / amax, torch.ones_like(amax))  # as transformers' Fp8Quantize does
+    q = (blocks * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.view(ro * block, ri * block)[:out, :inn].contiguous(), 1.0 / scale
 
 
 def dequantize_fp8_blocks(q: torch.Tensor, scale_inv: torch.Tensor, block: int = BLOCK) -> torch.Tensor:

@@ -150,6 +150,24 @@ def test_fp8_round_trip_within_the_e4m3_step():
         dequantize_fp8_blocks(q, s.T[:2])
 
 
+def test_fp8_blocks_are_transformers_format():
+    """Same q and scales as transformers' own block-FP8 quantizer, same dequantisation as its FP8 linear."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize, _dequantize_fp8_weight
+
+    w = torch.randn(256, 384, generator=torch.Generator().manual_seed(1)) * torch.logspace(-3, 1, 256)[:, None]
+    w[:128, 128:256] = 0
+    hf = SimpleNamespace(quantization_config=SimpleNamespace(weight_block_size=[128, 128], scale_fmt=None))
+    theirs = Fp8Quantize(hf).convert({"x.weight": w})
+    q, s = quantize_fp8_blocks(w)
+    assert torch.equal(q.view(torch.uint8), theirs["x.weight"].view(torch.uint8))
+    assert torch.equal(s, theirs["x.weight_scale_inv"])
+    ragged_q, ragged_s = quantize_fp8_blocks(w[:200, :300])
+    assert torch.equal(dequantize_fp8_blocks(ragged_q, ragged_s),
+                       _dequantize_fp8_weight(ragged_q, ragged_s, [128, 128], torch.float32))
+
+
 def test_fp8_checkpoint_reopens_within_fp8_tolerance(hub, fp8):
     src, _ = hub
     config = json.loads((fp8 / "config.json").read_text())
