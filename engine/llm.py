@@ -41,7 +41,7 @@ class LLM:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None,
                  page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
                  cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None,
-                 dequant_cache: bool = True):
+                 dequant_cache: bool = True, tensor_parallel_size: int = 1):
         self.attention_kind = attention = check_kind(attention)
         if weights is not None and weights not in WEIGHT_MODES:  # fail before loading anything
             raise EngineError(f"unknown weights mode {weights!r}: use one of {', '.join(WEIGHT_MODES)}")
@@ -49,6 +49,13 @@ class LLM:
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.parallel = None
+        if tensor_parallel_size != 1:  # engine.parallel: this process is rank 0 (or a worker rank 0 launched)
+            settings = dict(locals())  # the arguments (as checked so far): every rank builds the same LLM
+            from engine.parallel import join
+
+            self.parallel = join(tensor_parallel_size, self.device, settings)
+            self.device = self.parallel.device
         from engine.msa.setup import split_model_adapter
 
         model, self.msa_adapter_path = split_model_adapter(model)  # `BASE+ADAPTER_DIR` for MSA
@@ -61,8 +68,11 @@ class LLM:
         self.model_sha256 = loaded.sha256
         self.tokenizer = loaded.tokenizer
         self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
-        self.model = CausalLM(self.config)
-        self.model.load_weights(loaded.weights)
+        if self.parallel is None:
+            self.model = CausalLM(self.config)
+            self.model.load_weights(loaded.weights)
+        else:  # this rank's shard
+            self.model = self.parallel.llama(self.config, loaded.weights)
         self.model.to(device=self.device, dtype=self.dtype)
         self.model.setup_rope(self.device)
         self.weights, self.weight_counts = self._attach_weights(weights, loaded)
@@ -74,6 +84,8 @@ class LLM:
             indexer, self.msa_adapter = load_indexer(self.model_id, self.msa_adapter_path, self.config,
                                                      loaded.weights, self.device, self.dtype, page_size, overrides)
             self.msa = indexer.config
+            if self.parallel is not None:
+                indexer = self.parallel.indexer(indexer, self.config)
         del loaded
         self._finish_init(indexer, overrides, page_size, kv_cache_tokens, gpu_memory_fraction, max_num_seqs,
                           max_num_batched_tokens, cuda_graphs)
@@ -97,7 +109,10 @@ class LLM:
         self.model_id, self.model_path, self.config, self.tokenizer = tok.model_id, tok.path, tok.config, tok.tokenizer
         self.model_sha256 = None
         self.max_model_len = min(max_model_len or self.config.max_position, self.config.max_position)
-        self.model = build_m3(self.model_path, self.config, self.device, self.dtype)
+        if self.parallel is None:
+            self.model = build_m3(self.model_path, self.config, self.device, self.dtype)
+        else:  # this rank's shard
+            self.model = self.parallel.m3(self.model_path, self.config, self.device, self.dtype)
         self.weights, self.weight_counts = "fp32", {}
         self.msa = self.msa_adapter = indexer = None
         if uses_indexer(attention):
@@ -119,7 +134,7 @@ class LLM:
         B = indexer.config.block_size if indexer else page_size or DEFAULT_PAGE_SIZE
         tokens = kv_cache_tokens
         if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
-            per_token = bytes_per_token(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
+            per_token = bytes_per_token(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim,
                                         self.dtype, index_dim, len(index_layers))
             tokens = tokens_for_free_memory(per_token, self.device, gpu_memory_fraction)
             if tokens < self.max_model_len:
@@ -129,12 +144,14 @@ class LLM:
         # CPU reduced-precision weight modes keep dense K/V in bf16: half the bytes every decode step reads
         self.kv_dtype = torch.bfloat16 if self.weights != "fp32" and not uses_indexer(attention) else self.dtype
         cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype)
-        self.cache = KVCache(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, cache_cfg,
+        self.cache = KVCache(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,
                                 SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.max_model_len, self.device,
-                                cuda_graphs=cuda_graphs)
+                                cuda_graphs=cuda_graphs and self.parallel is None)  # eager under TP
         self._ids = itertools.count()
+        if self.parallel is not None:
+            self.parallel.start(self)  # rank 0 launches the other ranks now (their cache: this one's pages)
 
     def _attach_weights(self, weights: str | None, loaded) -> tuple[str, dict[str, int]]:
         """CPU weight mode (`engine.cpu_weights`): `weights`, else "fp32"."""
@@ -151,6 +168,11 @@ class LLM:
 
             q4 = read_q4_blocks(loaded.path, self.config)
         return mode, attach_cpu_weights(self.model, mode, q4)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (done too when the LLM is collected or the process exits)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     # -- generation -----------------------------------------------------------------------
     def _to_ids(self, p: Any) -> list[int]:
