@@ -26,6 +26,7 @@ class ServerConfig:
     weights: str | None = None  # CPU weight mode (LLM weights); None: fp32
     kv_cache_tokens: int | None = None  # None: sized by the engine
     dequant_cache: bool = True  # keep a GGUF's dequantized weights for the next load
+    tensor_parallel_size: int = 1  # engine processes the model runs over (engine.parallel)
     reasoning_parser: ReasoningParser = "auto"  # <think> blocks -> reasoning_content: auto = when the template has them
 
     def __post_init__(self) -> None:
@@ -43,4 +44,5 @@ class ServerConfig:
         """The `engine.LLM` keywords of this server."""
         return dict(model=self.model, attention=self.attention, device=self.device, dtype=self.dtype,
                     max_model_len=self.max_model_len, max_num_seqs=self.max_batch, weights=self.weights,
-                    kv_cache_tokens=self.kv_cache_tokens, dequant_cache=self.dequant_cache)
+                    kv_cache_tokens=self.kv_cache_tokens, dequant_cache=self.dequant_cache,
+                    tensor_parallel_size=self.tensor_parallel_size)

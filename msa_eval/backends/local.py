@@ -26,6 +26,10 @@ class LocalBackend:
                        max_model_len=max_model_len, progress=progress, **llm_opts)
         self.tokenizer = self.llm.tokenizer
 
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers, if any (the runner calls it when a backend is done)."""
+        self.llm.close()
+
     # -- interface ------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         llm = self.llm

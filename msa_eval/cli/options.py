@@ -2,7 +2,8 @@
 `engine.attention.kinds` (light to import: no torch); the engine settings the library used to read
 from the environment are read here, at the edge (`envvar=`), and passed down as arguments:
 `MSA_EVAL_WEIGHTS` (--weights), `MSA_EVAL_KV_TOKENS` (--kv-cache-tokens),
-`MSA_EVAL_NO_DEQUANT_CACHE` (--no-dequant-cache). A flag given on the command line wins."""
+`MSA_EVAL_NO_DEQUANT_CACHE` (--no-dequant-cache). A flag given on the command line wins.
+`--tensor-parallel-size N` runs the model over N processes that the engine launches itself (`engine.parallel`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,8 +23,9 @@ def attention_option(default: str = "dense", extra: tuple[str, ...] = (), help: 
 
 
 def engine_options(f: Callable) -> Callable:
-    """`--weights`, `--kv-cache-tokens`, `--no-dequant-cache`: the in-process engine's settings (arguments
-    `weights`, `kv_cache_tokens`, `no_dequant_cache`; `engine_kwargs` turns them into `LLM` keywords)."""
+    """`--weights`, `--kv-cache-tokens`, `--no-dequant-cache`, `--tensor-parallel-size`: the in-process engine's
+    settings (arguments `weights`, `kv_cache_tokens`, `no_dequant_cache`, `tensor_parallel_size`; `engine_kwargs`
+    turns them into `LLM` keywords)."""
     opts = [
         click.option("--weights", type=click.Choice(WEIGHT_MODES), default=None, envvar="MSA_EVAL_WEIGHTS",
                      show_envvar=True, help="CPU weight mode: fp32 (exact), bf16, or q4 (a GGUF's 4-bit codes; "
@@ -33,13 +35,17 @@ def engine_options(f: Callable) -> Callable:
                                             "on a CPU twice the context and at least 32768)."),
         click.option("--no-dequant-cache", is_flag=True, envvar="MSA_EVAL_NO_DEQUANT_CACHE", show_envvar=True,
                      help="Do not keep a GGUF's dequantized weights under $MSA_EVAL_HOME for the next load."),
+        click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Run the model over N processes launched here: KV heads and experts split across "
+                          "them (GPUs: rank r on cuda:r, NCCL; CPU: gloo)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
-def engine_kwargs(weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool) -> dict[str, Any]:
+def engine_kwargs(weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool,
+                  tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The `LLM` keywords of the options above that were given (an unset one keeps the engine's default)."""
     kw: dict[str, Any] = {}
     if weights is not None:
@@ -48,4 +54,6 @@ def engine_kwargs(weights: str | None, kv_cache_tokens: int | None, no_dequant_c
         kw["kv_cache_tokens"] = kv_cache_tokens
     if no_dequant_cache:
         kw["dequant_cache"] = False
+    if tensor_parallel_size != 1:
+        kw["tensor_parallel_size"] = tensor_parallel_size
     return kw

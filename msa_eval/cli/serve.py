@@ -36,8 +36,8 @@ _D = ServerConfig()  # the defaults, shared with `python -m engine.server`
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch: int, max_queue: int,
           max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
-          weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, reasoning_parser: str,
-          log_level: str) -> None:
+          weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, tensor_parallel_size: int,
+          reasoning_parser: str, log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""
     import uvicorn
 
@@ -50,6 +50,7 @@ def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch:
                               max_queue=max_queue, max_model_len=max_model_len, device=device,
                               served_model_names=served_names, max_body_bytes=max_body_bytes, weights=weights,
                               kv_cache_tokens=kv_cache_tokens or None, dequant_cache=not no_dequant_cache,
+                              tensor_parallel_size=tensor_parallel_size,
                               reasoning_parser=reasoning_parser)  # type: ignore[arg-type]
         app = create_app(config)
     except ValueError as e:
