@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -196,6 +197,35 @@ def test_fp8_checkpoint_reopens_within_fp8_tolerance(hub, fp8):
     assert [p.name for p in fp8.parent.iterdir() if p.name.startswith(".")] == []
     with pytest.raises(FileExistsError):
         write_fp8_checkpoint(src, fp8)
+
+
+def _transformers_view(sd: dict[str, torch.Tensor], name: str, cfg) -> torch.Tensor:
+    """Hub tensor `name` cut out of transformers' in-memory state (fused gate_up, 3-D experts, indexer)."""
+    if name == "lm_head.weight":
+        return sd[name]
+    key = "model.language_model." + name[len("model."):]
+    key = key.replace("block_sparse_moe.e_score_correction_bias", "mlp.gate.e_score_correction_bias")
+    key = key.replace("block_sparse_moe.", "mlp.").replace("self_attn.index_", "self_attn.indexer.")
+    if m := re.fullmatch(r"(.*\.experts)\.(\d+)\.(w[123])\.weight", key):
+        head, e, w = m.group(1), int(m.group(2)), m.group(3)
+        n = cfg.m3.moe_intermediate_size
+        return sd[head + ".down_proj"][e] if w == "w2" else sd[head + ".gate_up_proj"][e, (w == "w3") * n:][:n]
+    if m := re.fullmatch(r"(.*)\.(gate|up)_proj\.weight", key):
+        n = cfg.m3.shared_intermediate_size if "shared_experts" in key else cfg.m3.dense_intermediate_size
+        return sd[m.group(1) + ".gate_up_proj.weight"][(m.group(2) == "up") * n:][:n]
+    return sd[key]
+
+
+def test_transformers_reads_the_fp8_checkpoint_as_we_do(fp8):
+    """transformers' FP8 loader (dequantize=True) on the re-saved directory gives our reader's tensors."""
+    from transformers import FineGrainedFP8Config, MiniMaxM3SparseForConditionalGeneration
+
+    model = MiniMaxM3SparseForConditionalGeneration.from_pretrained(
+        str(fp8), quantization_config=FineGrainedFP8Config(dequantize=True), dtype=torch.float32)
+    sd = model.state_dict()
+    with _open(fp8) as ck:
+        for name, t in ck.items():
+            assert torch.equal(t, _transformers_view(sd, name, ck.cfg)), name
 
 
 def test_fp8_writer_leaves_nothing_when_a_shard_fails(hub, tmp_path):
