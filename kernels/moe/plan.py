@@ -3,8 +3,9 @@
 The experts' tile configuration follows the average rows per expert ``T * k / E`` (shapes only, so a
 CUDA graph captured at one T replays for any routing):
 
-* decode (<= 16 rows per expert): 16-row blocks, narrow column tiles and long K steps, so the chosen
-  experts' weights stream through enough programs to fill the GPU (bandwidth-bound);
+* decode (<= 16 rows per expert): 16-row blocks, 64-column tiles (32 when at most 16 pairs are routed:
+  a batch-1 step's 4 experts need the extra programs) and 128-deep K steps, so the chosen experts'
+  weights stream through enough programs to fill the GPU (bandwidth-bound);
 * middle (<= 64): 64-row blocks;
 * prefill (> 64): 128 x 128 tiles (gate and up: two 128-column accumulators), 8 warps, row blocks of
   one expert grouped so their weight tiles come from L2 (compute-bound).
@@ -71,6 +72,10 @@ _REGIMES = {  # rows per expert up to: (block_m, gate_up, down, group_m)
 }
 
 
+FEW_PAIRS = 16  # at most this many routed pairs: decode tiles 32 columns wide
+NARROW = GemmConfig(32, 128, 4, 4)
+
+
 def regime(tokens: int, topk: int, experts: int) -> str:
     rows = tokens * topk / experts
     return "decode" if rows <= 16 else "middle" if rows <= 64 else "prefill"
@@ -81,6 +86,8 @@ def plan_experts(tokens: int, topk: int, experts: int, dtype: torch.dtype, devic
     impl = resolve_impl(impl, device, EXPERTS_OP)
     name = regime(tokens, topk, experts)
     block_m, gate_up, down, group_m = _REGIMES[name]
+    if name == "decode" and tokens * topk <= FEW_PAIRS:
+        gate_up = down = NARROW
     t = tuning or MoETuning()
     plan = ExpertsPlan(impl=impl, regime=name, block_m=t.block_m or block_m, gate_up=t.gate_up or gate_up,
                        down=t.down or down, group_m=t.group_m or group_m,

@@ -173,6 +173,7 @@ def test_plan_regimes_from_rows_per_expert():
     assert [plan_experts(t, 4, 128, torch.bfloat16, cpu).regime for t in (1, 64, 512, 1024, 4096)] == \
         ["decode", "decode", "decode", "middle", "prefill"]
     assert plan_experts(1, 4, 128, torch.bfloat16, cpu).block_m == 16
+    assert [plan_experts(t, 4, 128, torch.bfloat16, cpu).gate_up.block_n for t in (1, 4, 5, 64)] == [32, 32, 64, 64]
     assert plan_experts(32768, 4, 128, torch.bfloat16, cpu).block_m == 128
 
 
