@@ -126,6 +126,23 @@ def test_transformers_text_only_layout_reads_as_the_hub_names(hub, internal):
         assert b.parameter_count() == a.parameter_count()
 
 
+def test_text_only_hub_names_in_one_file(hub, tmp_path):
+    """A text-only directory (model_type minimax_m3_vl_text, no `language_model.` prefix, one model.safetensors)."""
+    src, _ = hub
+    raw: dict[str, torch.Tensor] = {}
+    for f in sorted(src.glob("*.safetensors")):
+        raw |= {k[len(PREFIX):]: v for k, v in load_file(str(f)).items() if k.startswith(PREFIX)}
+    path = tmp_path / "text"
+    path.mkdir()
+    save_file(raw, str(path / "model.safetensors"), metadata={"format": "pt"})
+    tc = json.loads((src / "config.json").read_text())["text_config"]
+    (path / "config.json").write_text(json.dumps({**tc, "architectures": ["MiniMaxM3VLForCausalLM"]}))
+    with _open(path) as ck, _open(src) as ref:
+        assert ck.names() == ref.names()
+        for name, t in ck.items():
+            assert torch.equal(t, ref.tensor(name)), name
+
+
 def test_fp8_round_trip_within_the_e4m3_step():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(300, 260, generator=gen) * torch.logspace(-4, 2, 300)[:, None]
