@@ -198,6 +198,11 @@ def test_bad_inputs_name_the_problem():
         (lambda: moe_route(x, c["router"], c["bias"][:3], 2), "bias must have length"),
         (lambda: moe_route(x, c["router"], None, 9), "topk must be an int in 1..min"),
         (lambda: moe_route(x.bfloat16(), c["router"].half(), None, 2), "router_w must be one of"),
+        (lambda: moe_experts(x, w13.to("meta"), w2, weights, ids, **kw), "w13 is on meta, expected cpu"),
+        (lambda: moe_experts(x, w13, w2, weights, ids.to("meta"), **kw), "ids is on meta, expected cpu"),
+        (lambda: moe_route(x, c["router"], c["bias"].to("meta"), 2), "bias is on meta, expected cpu"),
+        (lambda: moe_experts(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids, **kw),
+         "w13 needs a unit stride on its last dim"),
     ]
     for fn, msg in cases:
         with pytest.raises(ValueError, match=msg):
