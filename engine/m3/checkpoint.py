@@ -217,9 +217,8 @@ class M3Checkpoint:
                 continue
             with safe_open(str(self.path / file), "pt") as f:
                 for n in names:
-                    s = self._sources[n]
-                    other = s.scale_file not in (None, file)
-                    yield n, self._read(f, n, self._handle(s.scale_file) if other else f)  # type: ignore[arg-type]
+                    scale_file = self._sources[n].scale_file or file
+                    yield n, self._read(f, n, f if scale_file == file else self._handle(scale_file))
 
     def close(self) -> None:
         self._handles.clear()
