@@ -84,6 +84,7 @@ class TensorParallel:
         self._workers: list[subprocess.Popen] = []
         self._stop: weakref.finalize | None = None
         self._store: Any = None
+        self._threads: int | None = None  # rank 0's torch threads before a CPU group took its share
 
     # -- this rank's shard --------------------------------------------------------------------
     def llama(self, cfg, weights):
@@ -134,8 +135,8 @@ class TensorParallel:
         try:
             first = self.device.index or 0
             threads = torch.get_num_threads()
-            if self.device.type == "cpu":  # the ranks share the cores: each (this one too) takes its share
-                threads = max(1, threads // self.world)
+            if self.device.type == "cpu":  # the ranks share the cores: each (this one too, until close) its share
+                self._threads, threads = threads, max(1, threads // self.world)
                 torch.set_num_threads(threads)
             for r, p in enumerate(self._workers, 1):
                 dev = "cpu" if self.device.type == "cpu" else f"cuda:{first + r}"
@@ -154,6 +155,9 @@ class TensorParallel:
         if self._stop is not None:
             self._stop()
         self.pg = None
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            self._threads = None
 
 
 def _await_ready(rank: int, p: subprocess.Popen) -> None:

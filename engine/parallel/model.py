@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.m3.moe import MoE
+from engine.m3.moe import MoE, experts_torch, route
 from engine.parallel.sharding import expert_range, local_config, shard_tensor, shard_weights
 
 
@@ -72,13 +72,27 @@ class ExpertShard(MoE):
         self.w13 = nn.Parameter(self.w13[:len(experts)], requires_grad=False)
         self.w2 = nn.Parameter(self.w2[:len(experts)], requires_grad=False)
 
-    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`MoE.forward` over this rank's experts: every token routed, the other ranks' (token, expert)
+        pairs dropped (the torch path: expert id past the end, skipped; the Triton kernels take ids in
+        range only: expert 0 at weight 0, computed and discarded)."""
+        triton = self.impl == "triton"
+        if triton:
+            from kernels.moe import moe_experts, moe_route
+
+            weights, ids = moe_route(x, self.router, self.bias, self.k, impl="triton")
+        else:
+            weights, ids = route(x, self.router, self.bias, self.k)
         lo, n = self.first_expert, self.w13.shape[0]
         local = (ids >= lo) & (ids < lo + n)
-        # another rank's pairs: expert n, past the end (the torch path skips it), or for the Triton
-        # kernels (ids must be in range) expert 0 at weight 0
-        other = 0 if self.impl == "triton" else n
-        return super()._experts(x, torch.where(local, weights, 0.0), torch.where(local, ids - lo, other))
+        weights = torch.where(local, weights, 0.0).contiguous()
+        ids = torch.where(local, ids - lo, 0 if triton else n).contiguous()
+        if triton:
+            routed = moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
+                                 scaling=self.scaling, impl="triton")
+        else:
+            routed = experts_torch(x, self.w13, self.w2, weights, ids, self.alpha, self.limit) * self.scaling
+        return routed + self.shared(x)
 
 
 def m3_shard(path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, rank: int, world: int) -> nn.Module:
