@@ -3,7 +3,7 @@
 ``moe_route`` picks each token's experts (M3's sigmoid router with the correction bias);
 ``moe_experts`` runs the routed experts (SwiGLU-OAI) and returns their weighted, scaled sum. Neither
 reads a tensor value on the host: both are CUDA-graph safe on the Triton path (expert ids must lie in
-``[0, E)``; they are not checked, a check would be a host sync).
+``[0, E)``, or with ``first_expert`` anywhere; they are not checked, a check would be a host sync).
 """
 from __future__ import annotations
 
@@ -84,23 +84,29 @@ def _validate_experts(x, w13, w2, weights, ids) -> None:
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                *, alpha: float, limit: float, scaling: float = 1.0, impl: str = "auto",
-                tuning: MoETuning | None = None) -> torch.Tensor:
+                *, alpha: float, limit: float, scaling: float = 1.0, first_expert: int | None = None,
+                impl: str = "auto", tuning: MoETuning | None = None) -> torch.Tensor:
     """``scaling * sum_j weights[t, j] * expert_{ids[t, j]}(x[t])`` ``[T, H]`` in x's dtype.
 
     x ``[T, H]``; w13 ``[E, 2I, H]`` (gate rows, then up rows) and w2 ``[E, H, I]`` in x's dtype;
     weights fp32 and ids int32 ``[T, k]`` (``moe_route``'s outputs). Expert: SwiGLU-OAI with ``alpha``
-    and the clamp ``limit`` (see ``reference``).
+    and the clamp ``limit`` (see ``reference``). Expert parallel: with ``first_expert`` the ids are global,
+    ``w13[e]`` / ``w2[e]`` hold expert ``first_expert + e``, and pairs routed to experts this call does not
+    hold add nothing (no compute, no weight read).
     """
     _validate_experts(x, w13, w2, weights, ids)
+    if first_expert is not None and (not isinstance(first_expert, int) or first_expert < 0):
+        raise ValueError(f"{EXPERTS_OP}: first_expert must be None or an int >= 0, got {first_expert!r}")
     plan = plan_experts(x.shape[0], ids.shape[1], w13.shape[0], x.dtype, x.device, impl=impl, tuning=tuning)
     if plan.impl == "torch":
-        return reference.experts_reference(x, w13, w2, weights, ids, alpha=alpha, limit=limit,
-                                           scaling=scaling).to(x.dtype)
-    return launch(plan, x, w13, w2, weights, ids, alpha=alpha, limit=limit, scaling=scaling)
+        return reference.experts_reference(x, w13, w2, weights, ids, alpha=alpha, limit=limit, scaling=scaling,
+                                           first_expert=first_expert).to(x.dtype)
+    return launch(plan, x, w13, w2, weights, ids, alpha=alpha, limit=limit, scaling=scaling,
+                  first_expert=first_expert)
 
 
-def launch(plan: ExpertsPlan, x, w13, w2, weights, ids, *, alpha: float, limit: float, scaling: float):
+def launch(plan: ExpertsPlan, x, w13, w2, weights, ids, *, alpha: float, limit: float, scaling: float,
+           first_expert: int | None = None):
     """Run a Triton ``plan`` (inputs as ``moe_experts`` takes them, not checked here)."""
     from .triton_moe import _down_kernel, _gate_up_kernel
 
@@ -109,7 +115,7 @@ def launch(plan: ExpertsPlan, x, w13, w2, weights, ids, *, alpha: float, limit: 
     inter, topk = two_i // 2, ids.shape[1]
     if t == 0:
         return torch.empty_like(x)
-    align = align_tokens(ids, e, plan.block_m)
+    align = align_tokens(ids, e, plan.block_m, first_expert)
     rows = align.sorted_ids.shape[0]
     n_blocks = rows // plan.block_m
     hbuf = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
@@ -120,7 +126,8 @@ def launch(plan: ExpertsPlan, x, w13, w2, weights, ids, *, alpha: float, limit: 
         TOPK=topk, BLOCK_M=plan.block_m, BLOCK_N=g1.block_n, BLOCK_K=g1.block_k, GROUP_M=plan.group_m,
         EVEN_K=h % g1.block_k == 0, UPCAST=plan.upcast, IEEE=plan.ieee, num_warps=g1.num_warps,
         num_stages=g1.num_stages)
-    out = torch.empty((t * topk, h), dtype=x.dtype, device=x.device)  # every row written: one per pair
+    # one row per pair, each written by the down kernel; expert parallel: another rank's pairs stay 0
+    out = (torch.empty if first_expert is None else torch.zeros)((t * topk, h), dtype=x.dtype, device=x.device)
     g2 = plan.down
     _down_kernel[(n_blocks * -(-h // g2.block_n),)](
         hbuf, w2, align.sorted_ids, align.block_expert, weights, out, n_blocks, t * topk, h, inter,

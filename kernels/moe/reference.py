@@ -35,13 +35,16 @@ def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tenso
 
 
 def experts_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                      ids: torch.Tensor, *, alpha: float, limit: float, scaling: float) -> torch.Tensor:
-    """The routed output fp32 ``[T, H]``: ``scaling * sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``."""
+                      ids: torch.Tensor, *, alpha: float, limit: float, scaling: float,
+                      first_expert: int | None = None) -> torch.Tensor:
+    """The routed output fp32 ``[T, H]``: ``scaling * sum_j weights[t, j] * expert_{ids[t, j]}(x[t])``.
+    With ``first_expert``, ``w13[e]`` is global expert ``first_expert + e`` and other ids add nothing."""
     xf = x.float()
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-    flat = ids.long().reshape(-1)
-    for e in torch.unique(flat).tolist():
-        tok, slot = (ids.long() == e).nonzero(as_tuple=True)
+    local = ids.long() - (first_expert or 0)
+    held = torch.unique(local.reshape(-1)).tolist()
+    for e in [e for e in held if 0 <= e < w13.shape[0]] if first_expert is not None else held:
+        tok, slot = (local == e).nonzero(as_tuple=True)
         h = swiglu_oai(xf[tok] @ w13[e].float().t(), alpha, limit)
         y = h @ w2[e].float().t()
         out.index_add_(0, tok, y * weights[tok, slot].float()[:, None])

@@ -147,6 +147,27 @@ def test_experts_larger_regimes(tokens):
     assert_close("routed", expected(c), experts(c, impl="triton"), 1e-5)
 
 
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_expert_parallel_shards_sum_to_the_whole(impl):
+    c = make(29, e=8, k=3, seed=8)
+    whole = expected(c)
+    shards = ((0, 3), (3, 4), (7, 1))  # (first expert, experts held) of three ranks
+    parts = [moe_experts(c["x"], c["w13"][lo:lo + n], c["w2"][lo:lo + n], c["weights"], c["ids"], alpha=ALPHA,
+                         limit=LIMIT, scaling=SCALING, first_expert=lo, impl=impl) for lo, n in shards]
+    assert_close(f"sum of the shards ({impl})", whole, parts[0] + parts[1] + parts[2], 1e-5)
+    nobody = moe_experts(c["x"], c["w13"][:2], c["w2"][:2], c["weights"], c["ids"].clamp(min=2), alpha=ALPHA,
+                         limit=LIMIT, scaling=SCALING, first_expert=0, impl=impl)
+    assert torch.equal(nobody, torch.zeros_like(nobody))  # every pair another rank's: nothing added
+
+
+def test_expert_parallel_alignment_drops_foreign_pairs():
+    ids = torch.tensor([[5, 2], [3, 9], [4, 5]], dtype=torch.int32)  # this rank: experts 3, 4, 5
+    al = align_tokens(ids, 3, 4, first_expert=3)
+    s = al.sorted_ids.tolist()
+    assert s[:12] == [2, 6, 6, 6, 4, 6, 6, 6, 0, 5, 6, 6]  # pairs 2 | 4 | 0, 5; 1 and 3 dropped and set(s[12:]) == {6}
+    assert al.block_expert.tolist()[:4] == [0, 1, 2, -1]
+
+
 def test_tuning_overrides_tiles():
     c = make(30, k=3, seed=7)
     tuning = MoETuning(block_m=32, gate_up=GemmConfig(16, 16, 4, 2), down=GemmConfig(32, 16, 4, 2), group_m=2)
@@ -194,6 +215,7 @@ def test_bad_inputs_name_the_problem():
         (lambda: moe_experts(x, w13, w2, weights[:, :1], ids, **kw), "one shape"),
         (lambda: moe_experts(x[None], w13, w2, weights, ids, **kw), "x must have 2 dims"),
         (lambda: moe_experts(x, w13, w2, weights, ids, impl="cuda", **kw), "impl must be one of"),
+        (lambda: moe_experts(x, w13, w2, weights, ids, first_expert=-1, **kw), "first_expert must be None or"),
         (lambda: moe_route(x, c["router"][:, :40], None, 2), "router_w must have dim 1"),
         (lambda: moe_route(x, c["router"], c["bias"][:3], 2), "bias must have length"),
         (lambda: moe_route(x, c["router"], None, 9), "topk must be an int in 1..min"),

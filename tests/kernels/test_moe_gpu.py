@@ -36,6 +36,17 @@ def test_experts_at_m3_widths(m3_slice, tokens, k):
     assert_close(f"routed T={tokens} ({plan_experts(tokens, k, 16, x.dtype, x.device).regime})", ref, out, 1e-2)
 
 
+@pytest.mark.parametrize("tokens", [64, 1000])
+def test_expert_parallel_shards_at_m3_widths(m3_slice, tokens):
+    w13, w2, router, bias = m3_slice
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    w, ids = moe_route(x, router, bias, 4)
+    ref = reference.experts_reference(x, w13, w2, w, ids, alpha=ALPHA, limit=LIMIT, scaling=SCALING)
+    parts = [moe_experts(x, w13[lo:lo + 8], w2[lo:lo + 8], w, ids, alpha=ALPHA, limit=LIMIT, scaling=SCALING,
+                         first_expert=lo).float() for lo in (0, 8)]
+    assert_close(f"two shards T={tokens}", ref, parts[0] + parts[1], 1e-2)
+
+
 def test_route_at_m3_size():
     _, _, router, bias = weights(128, inter=16)
     x = torch.randn(4096, H, device="cuda", dtype=torch.bfloat16)
