@@ -51,8 +51,11 @@ PRESETS: dict[str, Preset] = {
     "msa-graphs": Preset("MSA decode eager / plan / graphs vs dense graphs, default model and M3 stack",
                          (MSAGraphs(),)),
     "m3-slice": Preset("MiniMax-M3 at full width, 4 layers (1 full + dense MLP, 3 MSA + 128-expert MoE), random bf16: "
-                       "TTFT 32K-1M MSA and dense (32K chunks), decode batch 1/8/64 at 32K / 128K, per-layer times",
-                       (M3Slice(),)),
+                       "TTFT MSA 32K-1M, dense 32K-512K (128K chunks), decode batch 1/8/64 at 32K / 128K, per-layer "
+                       "times", (M3Slice(),)),
+    "m3-prefill": Preset("the m3-slice prefill rows only", (M3Slice(decode_contexts=()),)),
+    "m3-decode": Preset("the m3-slice decode rows only, then m3-vs-hf", (M3Slice(prefill=(), dense_prefill=()),
+                                                                        M3VersusHF())),
     "m3-vs-hf": Preset("M3 slice (16 experts) TTFT 4K-32K: ours (msa) vs transformers' own M3 (sdpa, its Hopper path)",
                        (M3VersusHF(),)),
     "m3-smoke": Preset("the M3 slice at tiny sizes (8 experts, 8K / 16K, batch 1 and 4): checks the section",
