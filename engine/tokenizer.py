@@ -17,7 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 # answer markup the server parses (reasoning blocks, tool calls): `decode` keeps it even where a
 # tokenizer marks these tokens special (MiniMax's do), so skipping special tokens does not erase it
 MARKUP_TOKENS = ("<think>", "</think>", "<mm:think>", "</mm:think>", "<minimax:tool_call>", "</minimax:tool_call>",
-                 "<tool_call>", "</tool_call>")
+                 "<tool_call>", "</tool_call>", "]<]minimax[>[")
 
 
 def _raise(msg: str):

@@ -15,6 +15,19 @@ as it is; integer / number / boolean / null -> that JSON value (`True`, `None` a
 -> `json.loads` when it gives one. A parameter the schema does not list, or a value no listed type
 accepts: `json.loads` when the text is JSON, else the text.
 
+MiniMax-M3 writes the same structure with a namespace marker before every tag and each parameter as
+an element named after it, nested for objects and arrays (`parse_m3_block`):
+    ]<]minimax[>[<tool_call>
+    ]<]minimax[>[<invoke name="get_weather">
+    ]<]minimax[>[<city>Paris]<]minimax[>[</city>
+    ]<]minimax[>[<opts>]<]minimax[>[<unit>C]<]minimax[>[</unit>]<]minimax[>[</opts>
+    ]<]minimax[>[</invoke>
+    ]<]minimax[>[</tool_call>
+Leaves are typed as above by the schema node they sit under (array `items`, object `properties`) after
+XML entities are decoded; an element whose schema is an array takes its children's values in order; a
+repeated element name collects its values in a list; an empty leaf of an array / object schema is
+[] / {}. Text beside child elements is malformed.
+
 `parse_block` returns None for anything malformed (text that is neither an invoke nor whitespace, an
 unclosed parameter, a repeated parameter, a tool that was not offered, an empty block): the caller
 then keeps the whole answer as text, as for a malformed Hermes call (`engine.server.toolcalls`). An
@@ -133,4 +146,98 @@ def parse_block(body: str, tools: Mapping[str, Any]) -> list[tuple[str, dict[str
             return None
         calls.append((name, args))
         pos = m.end()
+    return calls or None
+
+
+# ---------------------------------------------------------------- MiniMax-M3's namespaced form
+NS = "]<]minimax[>["
+M3_BLOCK_OPEN, M3_BLOCK_CLOSE = NS + "<tool_call>", NS + "</tool_call>"
+_M3_INVOKE = re.compile(r"\s*" + re.escape(NS) + r"<invoke" + _NAME)
+_M3_INVOKE_CLOSE = NS + "</invoke>"
+_M3_ELEMENT = re.compile(r"\s*" + re.escape(NS) + r"<([^/<>\s][^<>]*?)\s*>")
+_ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'"), ("&amp;", "&"))
+Node = str | list  # a leaf's text, or the (name, node) children of an element
+
+
+def _m3_content(s: str, pos: int, name: str) -> tuple[Node, int] | None:
+    """The content of element `name` opened before `pos`, up to its closing tag: (node, end) or None."""
+    close, text, children = f"{NS}</{name}>", [], []
+    while True:
+        j = s.find(NS, pos)
+        if j < 0:
+            return None
+        text.append(s[pos:j])
+        if s.startswith(close, j):
+            pos = j + len(close)
+            break
+        m = _M3_ELEMENT.match(s, j)
+        if m is None:
+            return None
+        child = _m3_content(s, m.end(), m.group(1).strip())
+        if child is None:
+            return None
+        children.append((m.group(1).strip(), child[0]))
+        pos = child[1]
+    if not children:
+        return "".join(text), pos
+    if "".join(text).strip():  # text beside elements
+        return None
+    return children, pos
+
+
+def _m3_value(node: Node, schema: Any) -> Any:
+    types = schema_types(schema)
+    if isinstance(node, str):
+        for a, b in _ENTITIES:
+            node = node.replace(a, b)
+        if not node.strip() and types[:1] in (["array"], ["object"]):
+            return [] if types[0] == "array" else {}
+        return typed_value(node, schema)
+    if "array" in types and "object" not in types[:types.index("array")]:
+        items = schema.get("items") if isinstance(schema, dict) else None
+        return [_m3_value(child, items) for _, child in node]
+    return _m3_object(node, _properties(schema))
+
+
+def _m3_object(children: list, props: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    repeated: set[str] = set()
+    for key, child in children:
+        value = _m3_value(child, props.get(key))
+        if key not in out:
+            out[key] = value
+        elif key in repeated:
+            out[key].append(value)
+        else:
+            out[key] = [out[key], value]
+            repeated.add(key)
+    return out
+
+
+def parse_m3_block(body: str, tools: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]] | None:
+    """`parse_block` for the namespaced form (the text between its block tags)."""
+    calls, pos = [], 0
+    while body[pos:].strip():
+        m = _M3_INVOKE.match(body, pos)
+        if m is None:
+            return None
+        name = _name(m)
+        if name not in tools:
+            return None
+        children, pos = [], m.end()
+        while True:
+            p = len(body) - len(body[pos:].lstrip())
+            if p == len(body):  # unclosed at the end of its block
+                pos = p
+                break
+            if body.startswith(_M3_INVOKE_CLOSE, p):
+                pos = p + len(_M3_INVOKE_CLOSE)
+                break
+            e = _M3_ELEMENT.match(body, p)
+            got = _m3_content(body, e.end(), e.group(1).strip()) if e is not None else None
+            if got is None:
+                return None
+            children.append((e.group(1).strip(), got[0]))  # type: ignore[union-attr]
+            pos = got[1]
+        calls.append((name, _m3_object(children, _properties(tools[name]))))
     return calls or None

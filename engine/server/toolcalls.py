@@ -13,7 +13,8 @@ This is a prompt convention, not constrained decoding: a model is free to ignore
 `tool_choice` "required" or a named function is only an instruction in the prompt.
 
 Parsing. `parse_tool_calls` accepts the <tool_call> JSON form, MiniMax's <minimax:tool_call>
-form (`engine.server.minimax_tools`, values typed from the tool's schema) and, as a fallback, a
+form and MiniMax-M3's namespaced one (`engine.server.minimax_tools`, values typed from the
+tool's schema) and, as a fallback, a
 whole answer that is one JSON object (or a list of them) naming an offered tool. Anything
 malformed (bad JSON or markup, unknown tool, arguments that are not an object) leaves the output
 as plain text: a malformed call is data for the caller, never an exception.
@@ -29,10 +30,15 @@ from typing import Any
 
 from engine.server import minimax_tools
 
-# a MiniMax block (group 1) or a Hermes block (group 2); an unclosed one runs to the end of the text
-_CALL_BLOCK = re.compile(r"<minimax:tool_call>(.*?)(?:</minimax:tool_call>|\Z)|<tool_call>(.*?)(?:</tool_call>|\Z)",
-                         re.DOTALL)
-BLOCK_OPEN_TAGS = (minimax_tools.BLOCK_OPEN, "<tool_call>")  # where a call may start in an answer
+# a MiniMax-M3 block (group 1), a MiniMax block (2) or a Hermes block (3); an unclosed one runs to the end
+# of the text (M3's marker ends in `<tool_call>`: the Hermes alternative never matches inside it, the M3
+# match starts earlier)
+_CALL_BLOCK = re.compile(
+    "|".join(f"{re.escape(a)}(.*?)(?:{re.escape(b)}|\\Z)" for a, b in (
+        (minimax_tools.M3_BLOCK_OPEN, minimax_tools.M3_BLOCK_CLOSE),
+        (minimax_tools.BLOCK_OPEN, minimax_tools.BLOCK_CLOSE), ("<tool_call>", "</tool_call>"))),
+    re.DOTALL)
+BLOCK_OPEN_TAGS = (minimax_tools.M3_BLOCK_OPEN, minimax_tools.BLOCK_OPEN, "<tool_call>")  # where a call may start
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
@@ -177,10 +183,11 @@ def _parse_json(text: str) -> Any:
 
 
 def _block_calls(m: re.Match, tools: Mapping[str, Any]) -> list[ParsedToolCall] | None:
-    if m.group(1) is None:
-        call = _as_call(_parse_json(m.group(2)), tools)
+    m3, minimax, hermes = m.groups()
+    if hermes is not None:
+        call = _as_call(_parse_json(hermes), tools)
         return None if call is None else [call]
-    pairs = minimax_tools.parse_block(m.group(1), tools)
+    pairs = minimax_tools.parse_block(minimax, tools) if m3 is None else minimax_tools.parse_m3_block(m3, tools)
     if pairs is None:
         return None
     return [ParsedToolCall(_call_id(), name, json.dumps(args, ensure_ascii=False)) for name, args in pairs]

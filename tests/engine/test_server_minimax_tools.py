@@ -116,6 +116,51 @@ def test_no_tools_offered_leaves_minimax_markup_as_text():
     assert parse_chat_output(BRIEF, {}).content == BRIEF
 
 
+# ---------------------------------------------------------------- MiniMax-M3's namespaced form
+NS = "]<]minimax[>["
+M3_PARAMS = {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "integer"}},
+    "opts": {"type": "object", "properties": {"n": {"type": "number"}, "on": {"type": "boolean"}}},
+    "empty": {"type": "array"}, "none": {"type": "object"}}}
+M3_TOOLS = {"get_weather": M3_PARAMS, "search": None}
+
+
+def _m3(*invokes: str) -> str:
+    return f"{NS}<tool_call>\n" + "".join(f"{NS}<invoke {i}{NS}</invoke>\n" for i in invokes) + f"{NS}</tool_call>"
+
+
+def _el(name: str, body: str) -> str:
+    return f"{NS}<{name}>{body}{NS}</{name}>"
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("Sure.\n" + _m3('name="get_weather">\n' + _el("city", "Paris &amp; Nice") + "\n" + _el("days", "3") + "\n"),
+     "Sure.", [("get_weather", {"city": "Paris & Nice", "days": 3})]),
+    (_m3('name="get_weather">' + _el("opts", _el("n", "2.5") + "\n" + _el("on", "true") + _el("x", "7"))
+         + _el("tags", _el("item", "1") + _el("item", "2")) + _el("empty", "") + _el("none", "")),
+     None, [("get_weather", {"opts": {"n": 2.5, "on": True, "x": 7}, "tags": [1, 2], "empty": [], "none": {}})]),
+    (_m3('name="search">' + _el("q", "a") + _el("q", "b"), "name='search'>" + _el("q", '{"k": 1}')),  # repeats -> list
+     None, [("search", {"q": ["a", "b"]}), ("search", {"q": {"k": 1}})]),
+    (f'{NS}<tool_call>{NS}<invoke name="search">' + _el("q", "cut after"), None, [("search", {"q": "cut after"})]),
+])
+def test_m3_calls_are_parsed(text, content, calls):
+    out = parse_tool_calls(text, M3_TOOLS)
+    assert _calls(out) == calls and out.content == content
+
+
+@pytest.mark.parametrize("text", [
+    _m3('name="nope">' + _el("q", "a")),  # not an offered tool
+    _m3('name="search">' + _el("q", "a") + "stray"),
+    _m3('name="search">' + _el("q", "text" + _el("inner", "x"))),  # text beside elements
+    _m3('name="search">' + f"{NS}<q>never closed"),
+    _m3('name="search">' + f"{NS}<q>a{NS}</other>"),
+    f"{NS}<tool_call>{NS}</tool_call>",
+])
+def test_malformed_m3_markup_stays_text(text):
+    out = parse_tool_calls(text, M3_TOOLS)
+    assert out.tool_calls == [] and out.content == text
+
+
 # ---------------------------------------------------------------- reasoning
 @pytest.mark.parametrize("text, inside, reasoning, content", [
     ("<think>\nThe user asks.\n</think>\n\nHello.", False, "The user asks.", "Hello."),
@@ -196,13 +241,15 @@ EXAMPLES = [
     "  leading space, no call  ",
     "<think>only thinking, no end",
     "<think>a</think>b<think>c</think>d <minimax:tool_call><invoke name='search'></invoke></minimax:tool_call>",
+    "<mm:think>m3</mm:think>\n\nOn it. " + _m3('name="search">' + _el("q", "x")),
+    "] [ ]<]mini " + _m3('name="nope">'),
 ]
 
 
 @pytest.mark.parametrize("text", EXAMPLES)
-@pytest.mark.parametrize("tags", [THINK, None])
+@pytest.mark.parametrize("tags", [THINK, MM_THINK, None])
 def test_streaming_cut_at_every_boundary_equals_whole(text, tags):
-    for tools in (TOOLS, {}):
+    for tools in ({**TOOLS, **M3_TOOLS}, {}):
         _check_stream(list(text), tools, tags, False)  # one character at a time
         for i in range(len(text) + 1):  # and cut once at every boundary
             _check_stream([text[:i], text[i:]], tools, tags, False)
@@ -223,12 +270,15 @@ def test_streaming_sends_content_before_the_block_and_never_markup():
 _FRAGMENTS = ["<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>", '<invoke name="search">',
               '<invoke name="get_weather">', "</invoke>", '<parameter name="days">', '<parameter name="q">',
               "</parameter>", "<tool_call>", "</tool_call>", '{"name": "search", "arguments": {}}', "<", "</",
-              "<thi", "nk>", "3", "x", "é", " ", "\n", "{", "[", "```", "ab cd"]
+              "<thi", "nk>", "3", "x", "é", " ", "\n", "{", "[", "```", "ab cd", "<mm:think>", "</mm:think>",
+              f"{NS}<tool_call>", f"{NS}</tool_call>", f"{NS}<invoke name=\"search\">", f"{NS}</invoke>", f"{NS}<q>",
+              f"{NS}</q>", "]<]", "minimax[>["]
 
 
 @settings(max_examples=300, deadline=None)
 @given(parts=st.lists(st.sampled_from(_FRAGMENTS), max_size=14), cuts=st.lists(st.integers(0, 400), max_size=8),
-       tools=st.sampled_from([TOOLS, {}]), tags=st.sampled_from([THINK, MM_THINK, None]), inside=st.booleans())
+       tools=st.sampled_from([TOOLS, M3_TOOLS, {}]), tags=st.sampled_from([THINK, MM_THINK, None]),
+       inside=st.booleans())
 def test_streaming_any_cut_equals_whole(parts, cuts, tools, tags, inside):
     text = "".join(parts)
     marks = sorted({min(c, len(text)) for c in cuts})
