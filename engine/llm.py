@@ -5,6 +5,8 @@ mode (`weights`: "fp32" exact, the default; "bf16"; "q4" = the GGUF's 4-bit code
 request step by step; `prompt_logprobs` scores token ids (a score-only engine request).
 A request the engine ended with an error raises that error from `generate` / `finish` (the other
 requests of a `generate` call are aborted: the offline caller owns them all).
+`tensor_parallel_size=N` runs the model over N processes this one launches (`engine.parallel`: KV heads,
+MLP rows and M3's experts split; CUDA graphs off); `close()` stops them.
 Settings come in as arguments: the CLI and the server config read the environment, never this class."""
 from __future__ import annotations
 
