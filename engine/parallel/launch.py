@@ -11,6 +11,7 @@ exiting; a worker also exits when rank 0 dies (its stdin ends, or its parent cha
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import pickle
 import subprocess
@@ -55,7 +56,7 @@ def join(size: int, device: torch.device, settings: dict[str, Any]) -> TensorPar
     if settings.get("weights") not in (None, "fp32"):
         raise ParallelError(f"weights={settings['weights']!r} is a single-process CPU mode: leave weights unset "
                             "under tensor parallelism (or drop --tensor-parallel-size)")
-    return TensorParallel(0, size, first_device(size, device), {k: v for k, v in settings.items() if k != "self"})
+    return TensorParallel(0, size, first_device(size, device), settings)
 
 
 def first_device(size: int, device: torch.device) -> torch.device:
@@ -126,7 +127,8 @@ class TensorParallel:
         if self.device.type == "cuda" and self.settings.get("cuda_graphs", True):
             log.warning("tensor parallel: CUDA graphs are off, decode steps run eagerly")
         self._store = serve_store(self.world)
-        settings = {**self.settings, "progress": False,
+        params = inspect.signature(type(llm)).parameters  # the constructor's arguments, nothing else
+        settings = {**{k: v for k, v in self.settings.items() if k in params}, "progress": False,
                     "kv_cache_tokens": llm.cache.cfg.num_pages * llm.cache.page_size}
         for _ in range(1, self.world):
             self._workers.append(subprocess.Popen([sys.executable, "-m", "engine.parallel.worker"],
