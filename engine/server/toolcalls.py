@@ -137,6 +137,8 @@ def messages_for_template(
             out.append({"role": "user", "content": block, "_tool_responses": True})
             continue
         out.append({"role": role, "content": content})
+        if m.get("reasoning_content") is not None:  # for templates that show an assistant turn's reasoning
+            out[-1]["reasoning_content"] = m["reasoning_content"]
     for m in out:
         m.pop("_tool_responses", None)
     if offered:

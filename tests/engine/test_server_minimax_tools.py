@@ -17,7 +17,7 @@ from engine.server.chatoutput import ChatOutputParser, parse_chat_output
 from engine.server.config import ServerConfig
 from engine.server.minimax_tools import typed_value
 from engine.server.reasoning import MM_THINK, THINK, prompt_opens_block, reasoning_tags, split_reasoning
-from engine.server.toolcalls import messages_for_template, offered_tools, parse_tool_calls, template_supports_tools
+from engine.server.toolcalls import offered_tools, parse_tool_calls, template_supports_tools
 from tests.engine.serve_process import running_server
 
 WEATHER_PARAMS = {"type": "object", "properties": {
@@ -301,26 +301,52 @@ def m3_tokenizer(tmp_path_factory):
     return load_hf_tokenizer(d, _Cfg())  # type: ignore[arg-type]
 
 
+def _state(tok):
+    """A ServingState around a tokenizer: enough for `render_chat`, the server's own prompt renderer."""
+    from types import SimpleNamespace
+
+    from engine.server.state import ServingState
+
+    return ServingState(llm=SimpleNamespace(tokenizer=tok), engine=None, metrics=None, model_names=("m",), created=0)
+
+
 def test_m3_template_gets_tools_and_tool_messages(m3_tokenizer):
+    from engine.server.schemas import ChatCompletionRequest
+
     tok = m3_tokenizer
     assert template_supports_tools(tok.chat_template)
-    tools = [WEATHER]
+    args = {"city": "Paris", "days": 3, "opts": {"u": "C"}}
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-            "name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 3, "opts": {"u": "C"}})}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps(args)}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "22 C, clear sky"},
     ]
-    rendered, native = messages_for_template(messages, tools, "auto", native_tools=True)
-    assert native == tools and rendered[1]["tool_calls"][0]["function"]["arguments"]["days"] == 3  # objects
-    prompt = tok.apply_chat_template(rendered, tools=native)
-    assert json.dumps(WEATHER) in prompt and "22 C, clear sky" in prompt and prompt.endswith("]~b]assistant\n")
-    # the template's own rendering of the call parses back to the same call, values typed again
+    req = ChatCompletionRequest(model="m", messages=messages, tools=[WEATHER])
+    prompt = _state(tok).render_chat(req)
+    assert prompt.startswith("<s>]~b]system\n") and prompt.endswith("]~b]assistant\n")
+    assert json.dumps(req.tools[0].model_dump(exclude_none=True)) in prompt  # the tools, natively
+    assert "]~b]tool\n22 C, clear sky[e~[" in prompt  # the tool result
+    # the template wrote the call in MiniMax's form from argument objects; it parses back to the same call
     turn = prompt.split("]~b]assistant\n")[1].split("[e~[")[0]
-    assert _calls(parse_tool_calls(turn, offered_tools(tools))) == [
-        ("get_weather", {"city": "Paris", "days": 3, "opts": {"u": "C"}})]
-    hidden, none = messages_for_template(messages[:1], tools, "none", native_tools=True)
-    assert none is None and "<tools>" not in tok.apply_chat_template(hidden, tools=none)
+    assert '<parameter name="days">3</parameter>' in turn
+    assert _calls(parse_tool_calls(turn, offered_tools([WEATHER]))) == [("get_weather", args)]
+    hidden = _state(tok).render_chat(ChatCompletionRequest(model="m", messages=messages[:1], tools=[WEATHER],
+                                                           tool_choice="none"))
+    assert "<tools>" not in hidden and hidden.endswith("]~b]assistant\n")
+
+
+def test_assistant_reasoning_reaches_the_template(m3_tokenizer):
+    from engine.server.schemas import ChatCompletionRequest
+    from engine.tokenizer import Tokenizer
+
+    template = ("{% for m in messages %}{{ m.role }}:{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+                "</think>{% endif %}{{ m.content }}\n{% endfor %}")
+    tok = Tokenizer(m3_tokenizer._tok, template, None, None, set(), add_bos=False)
+    req = ChatCompletionRequest(model="m", messages=[
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"},
+        {"role": "user", "content": "q2", "reasoning_content": "ignored on a user turn"}])
+    assert _state(tok).render_chat(req) == "user:q\nassistant:<think>r</think>a\nuser:q2\n"
 
 
 def test_m3_tokenizer_keeps_markup_when_skipping_special_tokens(m3_tokenizer):
