@@ -66,9 +66,9 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request, st
     reject_unsupported(req)
     prompt_ids = await asyncio.to_thread(state.chat_prompt_ids, req)  # off the event loop: long prompts take a while
     max_new = state.check_length(len(prompt_ids), req.max_new_tokens())
+    parser = _output_parser(req, state, prompt_ids)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     gen = Generation(state, request_id, prompt_ids, state.sampling_params(req, max_new), req.stop_strings())
-    parser = _output_parser(req, state, prompt_ids)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(gen, req.model, parser, include_usage), media_type="text/event-stream",

@@ -1,7 +1,7 @@
 """Reasoning blocks: `<think>...</think>` in a model's answer -> `reasoning_content`, the rest -> content.
 
 When. `--reasoning-parser auto` (the default) splits answers of models whose chat template mentions
-a think tag (MiniMax's does; SmolLM2's does not), `think` always, `none` never. The tag pair is
+a think tag (MiniMax-M2's and M3's do; SmolLM2's does not), `think` always, `none` never. The tag pair is
 MiniMax-M3's `<mm:think>` / `</mm:think>` when the template names it, else `<think>` / `</think>`.
 
 Rules (one answer, read left to right):
