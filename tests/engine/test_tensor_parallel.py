@@ -157,13 +157,15 @@ def test_msa_ref_tp2_equals_one_process_and_workers_exit_when_deleted(model_dir,
     assert _gone(pids), "a worker outlived its deleted LLM"
 
 
-def test_cli_generate_tp2(model_dir, single):
+def test_cli_generate_tp2_and_no_worker_after_exit(model_dir, single):
     prompt = "The quick brown fox"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [str(MSA_EVAL), "generate", "--model", str(model_dir), "--device", "cpu", "--max-tokens", "16",
            "--tensor-parallel-size", "2", "--json", prompt]
+    before = _workers()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr
+    assert _gone(list(_workers() - before)), "a worker outlived the command"  # stopped at process exit
     want = single.generate(prompt, SamplingParams(max_tokens=16))[0]
     got = json.loads(r.stdout)
     assert got["completion_tokens"] == 16 and got["text"] == want.text
