@@ -71,6 +71,8 @@ def main() -> int:
     from engine.parallel.collectives import join_store, process_group
 
     group = launch.WORKER = launch.TensorParallel(init.rank, init.world, torch.device(init.device))
+    if group.device.type == "cuda":
+        torch.cuda.set_device(group.device)  # before anything is built: Triton launches on the current device
     try:
         from engine.llm import LLM
 
