@@ -86,6 +86,7 @@ class TensorParallel:
         self._stop: weakref.finalize | None = None
         self._store: Any = None
         self._threads: int | None = None  # rank 0's torch threads before a CPU group took its share
+        self.failed: str | None = None  # why the group stopped (a forward failed), or None
 
     # -- this rank's shard --------------------------------------------------------------------
     def llama(self, cfg, weights):
@@ -109,6 +110,9 @@ class TensorParallel:
 
     def send_step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> None:
         """Rank 0: hand this forward's inputs to every other rank."""
+        if self.failed is not None:
+            raise ParallelError(f"the tensor-parallel ranks stopped after a forward failed ({self.failed}): close "
+                                "this LLM and load it again")
         blob = pickle.dumps(pack_step(input_ids, positions, meta), protocol=pickle.HIGHEST_PROTOCOL)
         for r, p in enumerate(self._workers, 1):
             try:
@@ -117,6 +121,11 @@ class TensorParallel:
             except (BrokenPipeError, OSError, ValueError):
                 raise ParallelError(f"tensor-parallel rank {r} has exited (code {p.poll()}): close this LLM "
                                     "and load it again") from None
+
+    def fail(self, e: BaseException) -> None:
+        """Rank 0's forward failed midway: stop the other ranks at once (they may wait in a collective)."""
+        self.failed = f"{type(e).__name__}: {e}"
+        _stop_workers(self._workers, timeout=0)
 
     # -- start and stop -----------------------------------------------------------------------
     def start(self, llm) -> None:
@@ -172,7 +181,7 @@ def _await_ready(rank: int, p: subprocess.Popen) -> None:
         raise ParallelError(f"tensor-parallel rank {rank} failed to start: {text}")
 
 
-def _stop_workers(workers: list[subprocess.Popen]) -> None:
+def _stop_workers(workers: list[subprocess.Popen], timeout: float = STOP_TIMEOUT_S) -> None:
     for p in workers:
         try:
             p.stdin.close()  # the worker's loop ends at the end of its stdin
@@ -180,7 +189,7 @@ def _stop_workers(workers: list[subprocess.Popen]) -> None:
             pass
     for p in workers:
         try:
-            p.wait(timeout=STOP_TIMEOUT_S)
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()

@@ -7,7 +7,9 @@ before the residual add. M3's MoE layers hold only the rank's routed experts (`E
 
 `ParallelModel` has the model interface the engine uses (`cfg`, `hidden_states`, `logits`, and the
 shard's other attributes). On rank 0, `hidden_states` first sends the step's inputs to the other ranks
-(`TensorParallel.send_step`), which run the same forward on their shards in lockstep.
+(`TensorParallel.send_step`), which run the same forward on their shards in lockstep. A forward that
+fails on any rank stops the group (the ranks could be out of step): that step's requests fail as with
+one process, later forwards raise a line saying to load the LLM again.
 """
 from __future__ import annotations
 
@@ -35,9 +37,14 @@ class ParallelModel(nn.Module):
         return self.shard.cfg
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, cache, attn) -> torch.Tensor:
-        if self.group.rank == 0:
-            self.group.send_step(input_ids, positions, meta)
-        return self.shard.hidden_states(input_ids, positions, meta, cache, attn)
+        if self.group.rank != 0:
+            return self.shard.hidden_states(input_ids, positions, meta, cache, attn)
+        self.group.send_step(input_ids, positions, meta)
+        try:
+            return self.shard.hidden_states(input_ids, positions, meta, cache, attn)
+        except BaseException as e:
+            self.group.fail(e)  # the ranks may be out of step (some collectives done, some not): stop them
+            raise
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.shard.logits(h)

@@ -5,7 +5,8 @@ It reads its `WorkerInit` from stdin, builds the `LLM` rank 0 built (its own sha
 cache, its attention object for its local heads), replies ("ready", None) or ("error", one line) on its
 stdout, joins the process group, then runs one forward per `Step` read from stdin (planning the decode
 step first when rank 0 did), in lockstep with rank 0's through the all-reduces. Its outputs are
-discarded: the logits are rank 0's. It exits when stdin ends (rank 0 closed the LLM or died) or its
+discarded: the logits are rank 0's. A forward that fails here ends the worker (rank 0's next collective
+then fails, and rank 0 stops the group). It exits when stdin ends (rank 0 closed the LLM or died) or its
 parent process changes. Anything it prints goes to stderr (rank 0's stderr).
 """
 from __future__ import annotations
@@ -56,8 +57,10 @@ def serve(llm, steps: BinaryIO) -> None:
             if step.planned:
                 eng.attention.plan_decode(meta, eng.shapes, key="eager")
             llm.model.hidden_states(input_ids, positions, meta, llm.cache, eng.attention)
-        except Exception:  # noqa: BLE001 - rank 0 meets the same fault in its forward and fails those requests
+        except Exception:  # noqa: BLE001 - the ranks may be out of step: exit, rank 0's collective then fails
             traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
 
 
 def main() -> int:

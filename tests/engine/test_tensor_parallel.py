@@ -157,6 +157,25 @@ def test_msa_ref_tp2_equals_one_process_and_workers_exit_when_deleted(model_dir,
     assert _gone(pids), "a worker outlived its deleted LLM"
 
 
+def test_a_failed_forward_stops_the_group(model_dir):
+    """A forward that fails midway on rank 0 (after the step went out) fails its requests, stops the workers (they
+    may wait in a collective) and every later forward says to reload."""
+    tp = LLM(str(model_dir), tensor_parallel_size=2, **KW)
+    pids = [p.pid for p in tp.parallel._workers]
+
+    def fault(*args, **kwargs):
+        raise RuntimeError("injected fault")
+
+    tp.model.shard.layers[1].forward = fault
+    with pytest.raises(RuntimeError, match="injected fault"):
+        tp.generate(_ids(20, 5), GREEDY)
+    assert _gone(pids, timeout=5)
+    with pytest.raises(EngineError, match=r"stopped after a forward failed \(RuntimeError: injected fault\).*load it "
+                                          "again"):
+        tp.generate(_ids(20, 5), GREEDY)
+    tp.close()
+
+
 def test_cli_generate_tp2_and_no_worker_after_exit(model_dir, single):
     prompt = "The quick brown fox"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
