@@ -20,7 +20,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.m3.moe import MoE, experts_torch, route
-from engine.parallel.sharding import expert_range, local_config, shard_tensor, shard_weights
+from engine.parallel.sharding import expert_range, holds, local_config, shard_tensor, shard_weights
 
 
 class ParallelModel(nn.Module):
@@ -104,7 +104,7 @@ class ExpertShard(MoE):
 
 def m3_shard(path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, rank: int, world: int) -> nn.Module:
     """A MiniMax-M3 model of the rank's heads, MLP rows and experts, built on the device from its checkpoint
-    (as `engine.m3.load.build_m3`, reading the rank's slices only into the model)."""
+    (as `engine.m3.load.build_m3`, one tensor at a time; the other ranks' experts are not read)."""
     from engine.m3.checkpoint import open_checkpoint
     from engine.m3.model import M3CausalLM
 
@@ -116,7 +116,8 @@ def m3_shard(path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, r
                 if layer.moe:
                     layer.mlp = ExpertShard(local, expert_range(cfg, rank, world))
         model = model.to_empty(device=device).to(dtype)
-        parts = (shard_tensor(cfg, n, t, rank, world) for n, t in ckpt.items())
+        names = [n for n in ckpt.names() if holds(cfg, n, rank, world)]  # other ranks' experts: never read
+        parts = (shard_tensor(cfg, n, ckpt.tensor(n), rank, world) for n in names)
         model.load_checkpoint(p for p in parts if p is not None)
     model.prepare(device)
     return model.eval()

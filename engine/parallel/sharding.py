@@ -90,17 +90,23 @@ def expert_range(cfg: ModelConfig, rank: int, world: int) -> range:
     return range(rank * n, (rank + 1) * n)
 
 
+def holds(cfg: ModelConfig, name: str, rank: int, world: int) -> bool:
+    """Whether rank `rank` keeps any of checkpoint tensor `name` (not: another rank's expert), so a loader
+    can skip reading the rest."""
+    m = _EXPERT.search(name)
+    return m is None or cfg.m3 is None or int(m.group(1)) in expert_range(cfg, rank, world)
+
+
 def shard_tensor(cfg: ModelConfig, name: str, t: torch.Tensor, rank: int, world: int
                  ) -> tuple[str, torch.Tensor] | None:
     """Rank `rank`'s part of checkpoint tensor `name` under its (local) name, or None when the rank holds
-    none of it (another rank's expert)."""
+    none of it (`holds`)."""
+    if not holds(cfg, name, rank, world):
+        return None
     m = _EXPERT.search(name)
     if m is not None and cfg.m3 is not None:
-        experts = expert_range(cfg, rank, world)
-        e = int(m.group(1))
-        if e not in experts:
-            return None
-        return name[:m.start(1)] + str(e - experts.start) + name[m.end(1):], t
+        first = expert_range(cfg, rank, world).start
+        return name[:m.start(1)] + str(int(m.group(1)) - first) + name[m.end(1):], t
     for pattern, dim in _SPLITS:
         if pattern.search(name):
             return name, t.chunk(world, dim)[rank].contiguous()
