@@ -58,6 +58,9 @@ PRESETS: dict[str, Preset] = {
                                                                         M3VersusHF())),
     "m3-vs-hf": Preset("M3 slice (16 experts) TTFT 4K-32K: ours (msa) vs transformers' own M3 (sdpa, its Hopper path)",
                        (M3VersusHF(),)),
+    "m3-split": Preset("where an M3 decode step goes: eager steps (per-layer CUDA events) at 128K batch 64, and "
+                       "m3-vs-hf at 16K", (M3Slice(prefill=(), dense_prefill=(), decode_contexts=(131072,),
+                                                   batches=(64,), graphs=False), M3VersusHF(lengths=(16384,)))),
     "m3-smoke": Preset("the M3 slice at tiny sizes (8 experts, 8K / 16K, batch 1 and 4): checks the section",
                        (M3Slice(prefill=(8192, 16384), dense_prefill=(8192,), decode_contexts=(8192,),
                                 batches=(1, 4), experts=8, chunk=8192, steps=4),
