@@ -81,25 +81,20 @@ class ExpertShard(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`MoE.forward` over this rank's experts: every token routed, the other ranks' (token, expert)
-        pairs dropped (the torch path: expert id past the end, skipped; the Triton kernels take ids in
-        range only: expert 0 at weight 0, computed and discarded)."""
-        triton = self.impl == "triton"
-        if triton:
+        pairs add nothing (the Triton op's `first_expert`: no row, no compute; the torch path: their ids
+        moved past the experts held, which `experts_torch` skips)."""
+        if self.impl == "triton":
             from kernels.moe import moe_experts, moe_route
 
             weights, ids = moe_route(x, self.router, self.bias, self.k, impl="triton")
-        else:
-            weights, ids = route(x, self.router, self.bias, self.k)
+            routed = moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
+                                 scaling=self.scaling, first_expert=self.first_expert, impl="triton")
+            return routed + self.shared(x)
+        weights, ids = route(x, self.router, self.bias, self.k)
         lo, n = self.first_expert, self.w13.shape[0]
         local = (ids >= lo) & (ids < lo + n)
-        weights = torch.where(local, weights, 0.0).contiguous()
-        ids = torch.where(local, ids - lo, 0 if triton else n).contiguous()
-        if triton:
-            routed = moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
-                                 scaling=self.scaling, impl="triton")
-        else:
-            routed = experts_torch(x, self.w13, self.w2, weights, ids, self.alpha, self.limit) * self.scaling
-        return routed + self.shared(x)
+        routed = experts_torch(x, self.w13, self.w2, weights, torch.where(local, ids - lo, n), self.alpha, self.limit)
+        return routed * self.scaling + self.shared(x)
 
 
 def m3_shard(path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, rank: int, world: int) -> nn.Module:

@@ -253,3 +253,36 @@ def test_m3_tp2_equals_one_process(tmp_path):
         assert tp.generate(ids[:200], GREEDY)[0].token_ids == one.generate(ids[:200], GREEDY)[0].token_ids
     finally:
         tp.close()
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_expert_shards_sum_to_the_moe(impl):
+    """Two ranks' `ExpertShard`s (2 of 4 experts each, the torch path and the Triton op's first_expert) add up
+    to the whole MoE block's routed part (each shard here keeps the whole shared expert: subtracted once)."""
+    if impl == "triton":
+        pytest.importorskip("triton")
+    from engine.config import from_hf_config
+    from engine.m3.moe import MoE
+    from engine.m3.testing import text_config
+    from engine.parallel.model import ExpertShard
+    from engine.parallel.sharding import expert_range
+
+    cfg = from_hf_config({**text_config(num_layers=2, experts=4), "model_type": "minimax_m3_vl_text"})
+    g = torch.Generator().manual_seed(0)
+    whole = MoE(cfg)
+    with torch.no_grad():
+        for p in whole.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    x = torch.randn(40, cfg.hidden_size, generator=g)
+    parts = []
+    for r in range(2):
+        with torch.device("meta"):
+            shard = ExpertShard(cfg, expert_range(cfg, r, 2))
+        shard = shard.to_empty(device="cpu")
+        experts = expert_range(cfg, r, 2)
+        state = {k: (v[experts.start:experts.stop] if k in ("w13", "w2") else v) for k, v in whole.state_dict().items()}
+        shard.load_state_dict(state)
+        shard.impl = impl
+        parts.append(shard(x))
+    ref = whole(x)
+    assert _rel(parts[0] + parts[1] - whole.shared(x), ref) <= 1e-5
