@@ -15,6 +15,7 @@ from msa_eval import __version__
 COMMANDS = Registry(
     table={
         "agent": "msa_eval.cli.agent:agent",
+        "gate": "msa_eval.cli.gate:gate",
         "generate": "msa_eval.cli.generate:generate",
         "models": "msa_eval.cli.models:models",
         "report": "msa_eval.cli.report:report",

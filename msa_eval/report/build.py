@@ -1,6 +1,7 @@
 """Build the side-by-side report: rows = tasks grouped by category, plus category means and
 the overall score (mean of category means, HELMET's "Ours"); columns = backend @ length;
-paired Δ (MSA - dense) with stratified bootstrap CIs; efficiency and failure rates."""
+paired Δ (MSA - dense) with stratified bootstrap CIs and, per task, the exact McNemar / sign test
+p-value; efficiency and failure rates."""
 from __future__ import annotations
 
 import random
@@ -8,7 +9,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from msa_eval.report.stats import median
+from msa_eval.report.stats import median, sign_test
 from msa_eval.runner.records import SampleRecord
 
 CATEGORY_ORDER = ("recall", "rag", "rerank", "cite", "longqa", "summ", "icl")
@@ -19,7 +20,7 @@ OVERALL = "overall"
 class Report:
     columns: list[tuple[str, int]]  # (backend, length)
     rows: list[dict[str, Any]]  # {kind: task|category|overall, category, name, cells{col: score|None}, n{col}}
-    deltas: list[dict[str, Any]]  # {a, b, length, name, kind, delta, lo, hi, n}
+    deltas: list[dict[str, Any]]  # {a, b, length, name, kind, delta, lo, hi, n, p, test}
     efficiency: list[dict[str, Any]]  # one per column
     notes: list[str] = field(default_factory=list)
     # optional judge (never in rows/deltas): {judge, task, column, mean (0-100), n, unparsed, errors}
@@ -125,9 +126,12 @@ def _paired_deltas(records, a, b, length, cat_of, n_boot, seed) -> list[dict[str
     sa = {r.sample_id: r.score for r in records if r.backend == a and r.length == length}
     sb = {r.sample_id: r.score for r in records if r.backend == b and r.length == length}
     diffs: dict[str, list[float]] = defaultdict(list)
+    pairs: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     task_of = {r.sample_id: r.task for r in records}
     for sid in sorted(set(sa) & set(sb)):
         diffs[task_of[sid]].append(sa[sid] - sb[sid])
+        pairs[task_of[sid]][0].append(sa[sid])
+        pairs[task_of[sid]][1].append(sb[sid])
     if not diffs:
         return []
     point = _aggregate({t: sum(d) / len(d) for t, d in diffs.items()}, cat_of)
@@ -142,9 +146,12 @@ def _paired_deltas(records, a, b, length, cat_of, n_boot, seed) -> list[dict[str
         bs = sorted(boots[k])
         kind = "overall" if k == OVERALL else ("category" if k.startswith("cat:") else "task")
         n = sum(len(diffs[t]) for t in diffs if k in (t, OVERALL) or f"cat:{cat_of[t]}" == k)
+        test = sign_test(*pairs[k]) if kind == "task" else None  # aggregates: the bootstrap only
         out.append({"a": a, "b": b, "length": length, "name": k.removeprefix("cat:"), "kind": kind,
                     "delta": round(100 * v, 1), "lo": round(100 * bs[int(0.025 * len(bs))], 1),
-                    "hi": round(100 * bs[min(len(bs) - 1, int(0.975 * len(bs)))], 1), "n": n})
+                    "hi": round(100 * bs[min(len(bs) - 1, int(0.975 * len(bs)))], 1), "n": n,
+                    "p": None if test is None else round(test.p, 4),
+                    "test": None if test is None else test.test})
     return out
 
 

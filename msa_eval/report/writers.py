@@ -8,6 +8,7 @@ from pathlib import Path
 
 from msa_common.atomic import atomic_write_json, atomic_write_text
 from msa_eval.report.build import Report
+from msa_eval.report.stats import format_p
 
 
 def delta_columns(rep: Report) -> list[tuple[str, str, int]]:
@@ -16,6 +17,12 @@ def delta_columns(rep: Report) -> list[tuple[str, str, int]]:
 
 def _delta_label(a: str, b: str, n: int) -> str:
     return f"Δ {a.split(':', 1)[1]}−{b.split(':', 1)[1]} @{n // 1024}k [95% CI]"
+
+
+def delta_cell(d: dict) -> str:
+    """`+2.0 [-4.0, +8.0] p=.62`: the paired Δ, its 95% CI and (task rows) the exact test's p."""
+    p = f" {format_p(d['p'])}" if d.get("p") is not None else ""
+    return f"{d['delta']:+.1f} [{d['lo']:+.1f}, {d['hi']:+.1f}]{p}"
 
 
 def table_rows(rep: Report) -> tuple[list[str], list[list[str]]]:
@@ -31,7 +38,7 @@ def table_rows(rep: Report) -> tuple[list[str], list[list[str]]]:
         line += ["" if r["cells"][c] is None else f"{r['cells'][c]:.1f}" for c in cols]
         for a, b, n in dcols:
             d = index.get((a, b, n, key))
-            line.append("" if d is None else f"{d['delta']:+.1f} [{d['lo']:+.1f}, {d['hi']:+.1f}]")
+            line.append("" if d is None else delta_cell(d))
         rows.append(line)
     return header, rows
 
@@ -51,7 +58,8 @@ def to_markdown(rep: Report) -> str:
         out.append("| " + " | ".join("" if e[f] is None else str(e[f]) for f in EFF_FIELDS) + " |")
     out += ["", ("Scores are 0-100 (headline metric per task); overall = mean of category means; "
                  "empty or failed outputs score 0. Δ: paired over identical prompts, stratified "
-                 "bootstrap 95% CI.")]
+                 "bootstrap 95% CI; p: two-sided exact McNemar test (0/1 scores) or sign test "
+                 "(other scores) per task.")]
     out += [f"Note: {n}" for n in rep.notes]
     if rep.judge:
         out += ["", "## Optional judge (not in the headline)", "",
