@@ -67,6 +67,8 @@ def gate(ctx: click.Context, run_a: Path, run_b: Path | None, arms: tuple[str, .
                         f"{c.delta:+.1f} [{c.lo:+.1f}, {c.hi:+.1f}]", f"{c.wins} / {c.losses}",
                         f"{c.test} {c.p_drop:.3g}", c.verdict) for c in result.cells])
         display.stream_text(result.summary() + "\n")
+    if note := result.error_note():
+        display.warning_line(note)
     if result.failed:
         ctx.exit(1)
 

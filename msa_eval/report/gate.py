@@ -153,7 +153,7 @@ def gate_pair(a: Arm, b: Arm, cfg: GateConfig) -> list[CellVerdict]:
         sb = [b.records[k].score for k in keys]
         delta, lo, hi = paired_bootstrap(sa, sb, n_boot=cfg.n_boot, seed=cfg.seed, alpha=2 * cfg.alpha)
         t = sign_test(sa, sb)
-        fail = 100 * hi < -cfg.max_drop and t.p_less < cfg.alpha
+        fail = round(100 * hi, 9) < -cfg.max_drop and t.p_less < cfg.alpha  # round: k/n sums, not noise
         out.append(CellVerdict(
             a.label, b.label, task, length, len(keys), _pts(sum(sa) / len(sa)), _pts(sum(sb) / len(sb)),
             _pts(delta), _pts(lo), _pts(hi), t.wins, t.losses, t.test, t.p, t.p_less,
@@ -184,6 +184,14 @@ class GateResult:
         return (f"gate: {self.verdict}: {self.failed} of {n} cell{'s' * (n != 1)} fail "
                 f"(FAIL = A more than {self.cfg.max_drop:g} points below B, one-sided at alpha "
                 f"{self.cfg.alpha:g}: bootstrap bound and exact test)")
+
+    def error_note(self) -> str | None:
+        """A line when harness errors (scored 0, as in the report) are in the compared records."""
+        ea, eb = sum(c.errors_a for c in self.cells), sum(c.errors_b for c in self.cells)
+        if not ea and not eb:
+            return None
+        return (f"{ea} of A's and {eb} of B's compared records are harness errors, scored 0: rerun their "
+                "`msa-eval run` commands to retry them before trusting the verdict")
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "failed": self.failed, "cells_total": len(self.cells),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from msa_eval.report import build_report
-from msa_eval.report.gate import GateConfig, gate_pair, resolve_pairs
+from msa_eval.report.gate import GateConfig, gate_pair, resolve_pairs, run_gate
 from msa_eval.report.load import load_run
 from msa_eval.report.stats import format_p, sign_test
 from msa_eval.report.writers import to_csv, to_markdown
@@ -108,7 +108,20 @@ def test_no_drop_passes_with_exit_0(tmp_path, run_cli):
     d = _run(tmp_path, "run", _arm_records("local:dense", same) + _arm_records("local:msa", same))
     p = _gate(run_cli, d, "--arms", "msa,dense")
     assert p.returncode == 0, p.stderr
-    assert "gate: PASS: 0 of 1 cell fail" in p.stdout
+    assert "gate: PASS: 0 of 1 cell fail" in p.stdout and not p.stderr.strip()
+
+
+def test_harness_errors_are_scored_0_and_said(tmp_path):
+    """An arm whose backend errored on 20 samples: they score 0 (as in the report), the cell
+    fails, and the result says how many compared records are errors."""
+    dense = _arm_records("local:dense", _scores(60, 60))
+    msa = _arm_records("local:msa", _scores(60, 60))
+    msa[:20] = [_rec("local:msa", i, 0.0, status="error") for i in range(20)]
+    run = load_run(_run(tmp_path, "err", dense + msa))
+    res = run_gate(resolve_pairs(run, None), GateConfig())
+    [cell] = res.cells
+    assert (cell.verdict, cell.errors_a, cell.errors_b, cell.losses) == ("FAIL", 20, 0, 20)
+    assert res.error_note() is not None and res.error_note().startswith("20 of A's and 0 of B's")
 
 
 def test_a_drop_within_noise_passes(tmp_path):
@@ -141,6 +154,7 @@ def test_max_drop_is_the_margin(tmp_path, run_cli):
         a[i] = 1.0  # won
     d = _run(tmp_path, "run", _arm_records("local:dense", b) + _arm_records("local:msa", a))
     assert _gate(run_cli, d, "--max-drop", "0").returncode == 1
+    assert _gate(run_cli, d, "--max-drop", "2").returncode == 0  # the point estimate is -2: not beyond
     p = _gate(run_cli, d, "--max-drop", "5", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["cells"][0]["delta"] == -2.0
 
