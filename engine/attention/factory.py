@@ -7,6 +7,7 @@ object passes its own kernel implementation to the kernels.
 | `dense` | `GpuDenseAttention`: paged split-K decode kernel, SDPA prefill | `DenseAttention`: SDPA, batched decode |
 | `msa` | `GraphMSAAttention`: Triton kernels, decode plans | `CpuMaskedMSA`: reference indexers, masked SDPA |
 | `msa-ref` | `MSAAttention(impl="torch")`: the kernels' references | the same |
+| `msa-oracle` | `GpuOracleMSA`: oracle selection, Triton attention | `OracleMSA`: oracle selection, masked SDPA |
 
 The CUDA objects of `dense` and `msa` are capturable (`supports_cuda_graphs`): the engine replays
 their decode steps from CUDA graphs.
@@ -61,6 +62,10 @@ def make_attention(kind: AttentionKind, device: torch.device | str, model_config
         from engine.attention.msa import MSAAttention
 
         return MSAAttention(*parts, impl="torch", track_recall=track_recall)
+    if kind == "msa-oracle":
+        from engine.attention.oracle import GpuOracleMSA, OracleMSA
+
+        return GpuOracleMSA(*parts, impl="triton") if cuda else OracleMSA(*parts)
     if cuda:
         from engine.gpu.msa_graph import GraphMSAAttention
 

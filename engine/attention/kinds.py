@@ -5,6 +5,8 @@ from `AttentionKind`; `engine.attention.make_attention` turns a kind into the ob
 - `msa`: MiniMax Sparse Attention through our kernels (Triton on a GPU; on a CPU the reference
   indexers select and masked SDPA attends).
 - `msa-ref`: MSA through the kernels' torch references on any device (for checking).
+- `msa-oracle`: MSA's block budget chosen by the true attention mass (`engine.attention.oracle`): the
+  best any indexer could do with the same blocks.
 
 Adding a kind: one name here and one branch in `make_attention`.
 """
@@ -14,7 +16,7 @@ from typing import Literal, get_args
 
 from engine.errors import EngineError
 
-AttentionKind = Literal["dense", "msa", "msa-ref"]
+AttentionKind = Literal["dense", "msa", "msa-ref", "msa-oracle"]
 ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
 
 
@@ -26,5 +28,6 @@ def check_kind(kind: str) -> AttentionKind:
 
 
 def uses_indexer(kind: AttentionKind) -> bool:
-    """Whether the kind selects blocks with an MSA indexer (it needs one: an adapter or the model's own)."""
+    """Whether the kind is MSA (it needs an indexer: an adapter or the model's own; the oracle takes its block
+    size, top-k and dense layers)."""
     return kind != "dense"

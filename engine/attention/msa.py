@@ -91,41 +91,41 @@ class MSAAttention:
     def _select_and_attend(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta
                            ) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention output `[T, Hq, d]`, selected block ids `[T, Hkv, k]`) of one MSA layer."""
-        if meta.is_decode:
-            from kernels.decode import msa_decode_attention, msa_decode_indexer
+        ids = self._select(q, q_idx, k_cache, kic, meta)
+        return self._attend(q, k_cache, v_cache, ids, meta), ids
 
-            ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
-            out = msa_decode_attention(q, k_cache, v_cache, ids, meta.page_table, meta.seq_lens_kv, 1,
-                                       softmax_scale=self.scale, impl=self.impl)
-            return out, ids
+    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
+        """The indexer's block ids `[T, Hkv, k]` (decode indexer for decode steps, prefill indexer for chunks)."""
+        if meta.is_decode:
+            from kernels.decode import msa_decode_indexer
+
+            return msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
         from kernels.indexer import msa_indexer
+
+        # no host sync per layer: the lengths come from the engine's own metadata (shapes are still checked)
+        return msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
+                           impl=self.impl, check_lengths=False)
+
+    def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta) -> torch.Tensor:
+        """Exact attention over the selected blocks (the kernel design is fixed: PREFILL_DESIGN)."""
+        if meta.is_decode:
+            from kernels.decode import msa_decode_attention
+
+            return msa_decode_attention(q, k_cache, v_cache, ids, meta.page_table, meta.seq_lens_kv, 1,
+                                        softmax_scale=self.scale, impl=self.impl)
         from kernels.sparse_prefill import msa_prefill_attention
 
-        # no host sync per layer: the lengths come from the engine's own metadata (shapes are still
-        # checked), the ids from the indexer, the kernel design is fixed (PREFILL_DESIGN)
-        ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
-                          impl=self.impl, check_lengths=False)
         out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
                                        ids, scale=self.scale, impl=self.impl, design=PREFILL_DESIGN,
                                        check_ids=False, check_lengths=False)
-        return out, ids
+        return out
 
 
 class CpuMaskedMSA(MSAAttention):
     """`--attention msa` on the CPU: the reference indexers select, masked SDPA attends (`msa_masked`)."""
 
-    def _select_and_attend(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta) -> torch.Tensor:
         from engine.attention.msa_masked import masked_sparse_attention
 
-        if meta.is_decode:
-            from kernels.decode import msa_decode_indexer
-
-            ids = msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl="torch")
-        else:
-            from kernels.indexer import msa_indexer
-
-            ids = msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
-                              impl="torch")
         # block = page (the kernels read the block size off the cache the same way)
-        return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, k_cache.shape[2]), ids
+        return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, k_cache.shape[2])

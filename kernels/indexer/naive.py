@@ -57,8 +57,9 @@ def _block_max(scores: torch.Tensor, block_size: int) -> torch.Tensor:
     return scores.view(tc, h, n_blocks, block_size).amax(dim=-1)
 
 
-def _select(block_scores: torch.Tensor, local_block: torch.Tensor, topk: int) -> torch.Tensor:
-    """Selection rule on ``[Tc, H, nb]`` block scores and ``[Tc]`` local block ids -> ``[Tc, H, topk]``."""
+def select_blocks(block_scores: torch.Tensor, local_block: torch.Tensor, topk: int) -> torch.Tensor:
+    """The selection rule (module docstring) on ``[Tc, H, nb]`` block scores and ``[Tc]`` local block ids
+    -> ``[Tc, H, topk]``; also the oracle's rule (`engine.attention.oracle`) on block attention masses."""
     tc, h, nb = block_scores.shape
     block_ids = torch.arange(nb, device=block_scores.device)
     candidate = block_ids[None, :] < local_block[:, None]  # [Tc, nb]
@@ -100,7 +101,7 @@ def indexer_request_reference(q: torch.Tensor, k: torch.Tensor, topk: int, block
         qc = q[c0:c0 + chunk]
         scores = _token_scores(qc, k, q_start + c0)
         local = (q_start + c0 + torch.arange(qc.shape[0], device=q.device)) // block_size
-        ids = _select(_block_max(scores, block_size), local, topk)
+        ids = select_blocks(_block_max(scores, block_size), local, topk)
         ids_parts.append(ids)
         if return_lse:
             lse_parts.append(_selected_lse(scores, ids, block_size))

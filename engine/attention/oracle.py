@@ -1,0 +1,61 @@
+"""`--attention msa-oracle`: MSA's block budget with the best possible choice. For each query token and KV
+group the oracle keeps the blocks that hold the most of the group's true attention mass (the dense softmax
+of every query head of the group, summed over the heads, computed exactly in fp32), by the indexer's own
+rule (`kernels.indexer.naive.select_blocks`: the top `k - 1` earlier blocks, then the query's own block),
+then attends over them exactly like `msa`. Its gap to dense is the cost of block sparsity; the gap between
+`msa` and `msa-oracle` is the cost of the indexer.
+
+The masses come from dense attention scores (`engine.msa.recall.dense_probs`), one request at a time,
+queries in chunks: O(context^2) work, like dense attention itself, and not capturable in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.attention.dense import gather_kv
+from engine.attention.meta import AttentionMeta
+from engine.attention.msa import CpuMaskedMSA, MSAAttention
+from engine.msa.recall import dense_probs
+
+_MAX_ELEMENTS = 1 << 24  # fp32 elements of the largest probability chunk [Tc, Hq, S]
+
+
+def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk: int, scale: float) -> torch.Tensor:
+    """q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]` -> int32 ids `[T, Hkv, topk]` (the indexer's layout: history
+    blocks by mass, descending, ties to the smaller id; the own block in the last valid slot; -1 padding)."""
+    from kernels.indexer.naive import select_blocks
+
+    hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
+    out = torch.full((q.shape[0], hkv, topk), -1, dtype=torch.int32, device=q.device)
+    start = 0
+    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
+        k = gather_kv(k_cache, meta.page_lists[r], kl)  # [Hkv, S, d]
+        nb = -(-kl // block)
+        chunk = max(1, _MAX_ELEMENTS // (hq * kl))
+        for c0 in range(0, ql, chunk):
+            c1 = min(ql, c0 + chunk)
+            pos = kl - ql + torch.arange(c0, c1, device=q.device)
+            p = dense_probs(q[start + c0:start + c1], k, pos, scale)  # [Tc, Hq, S]
+            mass = p.view(c1 - c0, hkv, hq // hkv, kl).sum(2)
+            mass = torch.nn.functional.pad(mass, (0, nb * block - kl)).view(c1 - c0, hkv, nb, block).sum(-1)
+            out[start + c0:start + c1] = select_blocks(mass, pos // block, topk)
+        start += ql
+    return out
+
+
+class _OracleSelection:
+    """Replaces the indexer's choice with the oracle's (the attention stays the base class's)."""
+
+    msa: object
+    scale: float
+
+    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
+        return oracle_ids(q, k_cache, meta, self.msa.topk, self.scale)  # type: ignore[attr-defined]
+
+
+class OracleMSA(_OracleSelection, CpuMaskedMSA):
+    """`msa-oracle` on the CPU: oracle selection, masked SDPA over it."""
+
+
+class GpuOracleMSA(_OracleSelection, MSAAttention):
+    """`msa-oracle` on a GPU: oracle selection (torch, exact), the Triton sparse attention over it."""
