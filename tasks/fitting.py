@@ -6,10 +6,18 @@ and the generators grow their context (number of items / sentences / passages) b
 search until the next step would overflow; a task may add a partial "tail" unit to close
 the remaining gap, so prompts land within ~1% of T. Only `PromptParts.context` is ever
 truncated (from its end, HELMET policy), and the number of dropped tokens is recorded.
+
+`fit_parts` counts the whole prompt at every step of its search: exact, and quick up to a few
+thousand tokens. `fit_pieces` is the long-context form (32K-1M): the context comes as pieces split
+where the tokenizer's pre-tokenizer splits anyway (before a space or a newline that follows a
+non-space), each piece counted once per tokenizer (`piece_tokens`, memoised), so the search adds
+counts instead of re-tokenizing growing strings; the chosen prompt is then counted exactly once, and
+the search is repeated a little lower in the rare case the sum was optimistic.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -124,3 +132,122 @@ def truncate_context(
         if count_tokens(new, mode, tok) <= max_prompt_tokens or keep == 0:
             return new, len(ctx_ids) - keep
         keep = max(0, keep - 8)
+
+
+_PIECE_COUNTS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+_MAX_MEMO = 1 << 21  # pieces remembered per tokenizer before the memo starts over
+
+
+def piece_tokens(pieces: Sequence[str], tok: TokenCounter) -> list[int]:
+    """Token count of each piece, counted alone (no special tokens); memoised per tokenizer, and
+    counted in one `encode_batch` call where the tokenizer has one (the engine's: parallel)."""
+    try:
+        memo = _PIECE_COUNTS.setdefault(tok, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced: count without a memo
+        memo = {}
+    missing = list(dict.fromkeys(p for p in pieces if p not in memo))
+    if missing:
+        if len(memo) + len(missing) > _MAX_MEMO:
+            memo.clear()
+        batch = getattr(tok, "encode_batch", None)
+        ids = batch(missing) if callable(batch) else [tok.encode(p) for p in missing]
+        memo.update(zip(missing, map(len, ids), strict=True))
+    return [memo[p] for p in pieces]
+
+
+Pieces = tuple[PromptParts, Sequence[str]]  # the prompt's parts (context unused) and the context's pieces
+
+
+def fit_pieces(
+    make: Callable[[int, int], Pieces],
+    spec: BuildSpec,
+    budget: int,
+    task: str,
+    n_min: int = 1,
+    n_guess: int = 16,
+    tail_max: int = 0,
+) -> Fit:
+    """`fit_parts` for long contexts: largest n (then tail <= tail_max) whose estimated prompt
+    (template tokens + the sum of the pieces' counts) fits `target - budget - margin`; the result is
+    counted exactly and refitted lower while the exact count overflows. `make(n, tail)` returns
+    (parts, pieces) with context = "".join(pieces); it must be monotone in n and deterministic."""
+    limit = spec.target_length - budget
+    templates: dict[tuple[Any, ...], int] = {}
+    seen: dict[tuple[int, int], int] = {}
+
+    def est(n: int, tail: int = 0) -> int:
+        if (n, tail) not in seen:
+            seen[n, tail] = _estimate(n, tail)
+        return seen[n, tail]
+
+    def _estimate(n: int, tail: int) -> int:
+        parts, pieces = make(n, tail)
+        key = (parts.before, parts.after, parts.answer_prefix, parts.system, parts.chat_prefix)
+        if key not in templates:
+            templates[key] = count_tokens(replace(parts, context=""), spec.mode, spec.tokenizer)
+        return templates[key] + sum(piece_tokens(pieces, spec.tokenizer))
+
+    def exact(n: int, tail: int) -> tuple[PromptParts, int]:
+        parts, pieces = make(n, tail)
+        parts = replace(parts, context="".join(pieces))
+        return parts, count_tokens(parts, spec.mode, spec.tokenizer)
+
+    if est(n_min) > limit:
+        parts, tokens = exact(n_min, 0)
+        if tokens > limit:
+            raise TaskError(
+                f"target length {spec.target_length} is too small for task {task} "
+                f"(needs > {tokens + budget} tokens); pick a longer length")
+    margin = 4 + limit // 1000
+    for _ in range(4):
+        aim = limit - margin
+        n = _largest(est, aim, n_min, n_guess, task, spec.target_length)
+        tail = 0
+        if tail_max:
+            gap = aim - est(n)
+            tail = max(0, min(tail_max, gap))
+            while tail > 0 and est(n, tail) > aim:
+                tail = max(0, tail - max(1, est(n, tail) - aim))
+        parts, tokens = exact(n, tail)
+        if tokens <= limit:
+            return Fit(parts, n, tail, tokens)
+        margin += tokens - est(n, tail) + margin  # the sum was optimistic here: aim lower
+    raise TaskError(f"task {task} could not be fitted to {spec.target_length} tokens with this tokenizer; "
+                    "report it with the tokenizer's name")
+
+
+def _largest(est: Callable[[int], int], aim: int, lo: int, guess: int, task: str, target: int) -> int:
+    """The largest n >= lo with est(n) <= aim (est monotone in n), or lo when none fits. The
+    estimate is close to linear in n, so secant steps land next to the answer and a short
+    galloping search finishes it: about ten calls of `make` at any length."""
+    e_lo = est(lo)
+    if e_lo > aim:
+        return lo
+    n0, e0 = lo, e_lo
+    n1 = max(guess, lo + 1)
+    e1 = est(n1)
+    for _ in range(6):  # secant steps towards est(n) = aim
+        if e1 == e0:
+            break
+        n2 = max(lo, n1 + int((aim - e1) * (n1 - n0) / (e1 - e0)))
+        if n2 > 1 << 24:
+            raise TaskError(f"task {task} cannot grow to {target} tokens")
+        if n2 == n1:
+            break
+        n0, e0, n1, e1 = n1, e1, n2, est(n2)
+    if e1 <= aim:  # gallop up from a fitting n ...
+        good, step = n1, 1
+        while est(good + step) <= aim:
+            if good + step > 1 << 24:
+                raise TaskError(f"task {task} cannot grow to {target} tokens")
+            good, step = good + step, step * 2
+        bad = good + step
+    else:  # ... or down from an overflowing one
+        bad, step = n1, 1
+        while bad - step > lo and est(bad - step) > aim:
+            bad, step = bad - step, step * 2
+        good = max(lo, bad - step)
+    while bad - good > 1:  # invariant: est(good) <= aim < est(bad)
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if est(mid) <= aim else (good, mid)
+    return good

@@ -118,6 +118,8 @@ def prepare(a: RunArgs) -> Prepared:
     ref_model = a.reference or (backends[0].model if a.backend == "local" else DEFAULT_MODEL)
     tok, info = load_reference_tokenizer(ref_model)
     max_ctx = info["max_context"] if a.backend == "local" else None
+    if a.backend == "local" and a.reference:  # the local model's own context bounds the lengths
+        max_ctx = load_reference_tokenizer(backends[0].model)[1]["max_context"]
     lengths = suite.lengths or default_lengths(info["max_context"])
     check_lengths(tuple(sorted({*lengths, *(n for t in suite.tasks for n in t.lengths)})), max_ctx)
     suite = replace(suite, lengths=lengths)

@@ -105,13 +105,13 @@ class _SuiteModel(BaseModel):
 
 
 def parse_length(text: str | int) -> int:
-    """'2k' -> 2048, '7.5k' -> 7680, '4096' -> 4096."""
+    """'2k' -> 2048, '7.5k' -> 7680, '4096' -> 4096, '1m' -> 1048576."""
     if isinstance(text, int):
         return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*", str(text))
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*", str(text))
     if not m:
-        raise ConfigError(f"bad length {text!r}: use tokens like 2048 or 2k,4k,7.5k")
-    v = float(m.group(1)) * (1024 if m.group(2) else 1)
+        raise ConfigError(f"bad length {text!r}: use tokens like 2048 or 2k,4k,7.5k,1m")
+    v = float(m.group(1)) * {"": 1, "k": 1024, "m": 1 << 20}[m.group(2).lower()]
     if v < 256 or v != int(v):
         raise ConfigError(f"bad length {text!r}: lengths are whole token counts >= 256")
     return int(v)

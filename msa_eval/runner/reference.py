@@ -1,5 +1,7 @@
 """The reference tokenizer: prompts are fitted with the tokenizer of the reference model
-(the local model by default), read from the model files without loading the weights."""
+(the local model by default), read from the model files without loading the weights; or, with
+`--tokenizer PATH`, an HF tokenizer directory (tokenizer.json, with tokenizer_config.json's chat
+template when there is one) or a tokenizer.json file, e.g. an endpoint's model that is not here."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +9,7 @@ from typing import Any
 
 from msa_eval.runner.config import ConfigError
 
-LENGTH_LADDER = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
+LENGTH_LADDER = (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576)
 
 
 def load_reference_tokenizer(model: str) -> tuple[Any, dict[str, Any]]:
@@ -18,6 +20,8 @@ def load_reference_tokenizer(model: str) -> tuple[Any, dict[str, Any]]:
     p = Path(model).expanduser()
     if p.is_file() and p.name.endswith(".json"):
         return _from_tokenizer_json(p)
+    if p.is_dir() and not (p / "config.json").is_file():
+        return _from_tokenizer_dir(p)
     try:
         from engine.loader import load_tokenizer
         from engine.msa.setup import split_model_adapter
@@ -31,13 +35,56 @@ def load_reference_tokenizer(model: str) -> tuple[Any, dict[str, Any]]:
                  "fingerprint": tok.fingerprint()}
 
 
-def _from_tokenizer_json(p: Path) -> tuple[Any, dict[str, Any]]:
+def _read_tokenizer_json(p: Path) -> Any:
     from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        return HFTokenizer.from_file(str(p))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises its own error types on a bad file
+        raise ConfigError(f"{p} does not load as a tokenizer ({str(e).splitlines()[0][:120]}): pass an HF "
+                          "tokenizer directory or its tokenizer.json") from None
+
+
+def _from_tokenizer_json(p: Path) -> tuple[Any, dict[str, Any]]:
+    from engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(_read_tokenizer_json(p), None, None, None, set(), False)
+    return tok, {"model_id": p.stem, "path": str(p), "max_context": None,
+                 "fingerprint": tok.fingerprint()}
+
+
+def _from_tokenizer_dir(p: Path) -> tuple[Any, dict[str, Any]]:
+    """An HF tokenizer directory without the model's config.json: tokenizer.json, and from
+    tokenizer_config.json (or chat_template.jinja) the chat template, BOS and EOS."""
+    import json
 
     from engine.tokenizer import Tokenizer
 
-    tok = Tokenizer(HFTokenizer.from_file(str(p)), None, None, None, set(), False)
-    return tok, {"model_id": p.stem, "path": str(p), "max_context": None,
+    if not (p / "tokenizer.json").is_file():
+        raise ConfigError(f"{p} has no tokenizer.json (nor config.json): pass an HF tokenizer or model "
+                          "directory, a tokenizer.json file or a built-in model name")
+    hf = _read_tokenizer_json(p / "tokenizer.json")
+    cfg_path = p / "tokenizer_config.json"
+    try:
+        tcfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except ValueError:
+        raise ConfigError(f"{cfg_path} is not valid JSON: fix or remove it") from None
+    template = tcfg.get("chat_template")
+    if isinstance(template, list):  # named templates: take "default"
+        template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+    if template is None and (p / "chat_template.jinja").is_file():
+        template = (p / "chat_template.jinja").read_text()
+
+    def token(v: Any) -> str | None:
+        return v.get("content") if isinstance(v, dict) else v
+
+    eos = token(tcfg.get("eos_token"))
+    eos_ids = {hf.token_to_id(eos)} if eos and hf.token_to_id(eos) is not None else set()
+    tok = Tokenizer(hf, template, token(tcfg.get("bos_token")), eos, eos_ids,
+                    bool(tcfg.get("add_bos_token", False)))
+    ctx = tcfg.get("model_max_length")
+    return tok, {"model_id": p.name, "path": str(p),
+                 "max_context": ctx if isinstance(ctx, int) and ctx < 1 << 30 else None,
                  "fingerprint": tok.fingerprint()}
 
 

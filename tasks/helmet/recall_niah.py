@@ -1,18 +1,21 @@
 """RULER needle-in-a-haystack tasks (faithful re-implementations, HELMET's Recall category).
 
 Needle: "One of the special magic {numbers|uuids} for {key} is: {value}." Haystacks:
-`essay` (seeded essay-like prose, standing in for RULER's Paul Graham essays), `noise`
-(RULER's repeated "The grass is green..." block) or `needle` (distractor needles with other
-keys, RULER multikey 2/3). Scored by RULER recall: fraction of gold values in the output.
+`essay` (RULER's Paul Graham essays, `tasks/loaders/essays.py`: concatenated in a seeded order,
+repeated past their length, needles placed between sentences), `noise` (RULER's repeated "The
+grass is green..." block) or `needle` (distractor needles with other keys, RULER multikey 2/3).
+Scored by RULER recall: fraction of gold values in the output. Prompts are fitted by
+`fit_pieces` (one exact count per sample), so 1M-token samples build in seconds.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from tasks.base import BuildSpec, ChatPrefix, PromptParts, Sample, Task, failed_score
 from tasks.common import after_prefix, depth_for, finish, first_line, rng_for
-from tasks.fitting import cut_to_tokens, fit_parts
+from tasks.fitting import cut_to_tokens, fit_pieces
 from tasks.helmet import text
 from tasks.metrics import ruler_recall
 
@@ -39,14 +42,27 @@ class NiahTask(Task):
     def _needle(self, key: str, value: str) -> str:
         return f"One of the special magic {self.value_kind} for {key} is: {value}."
 
-    def _haystack(self, seed: int, n: int, exclude: set[str]) -> list[str]:
-        rng = random.Random(seed ^ 0x5EED)
+    def _units(self, spec: BuildSpec, seed: int, exclude: set[str]) -> Callable[[int], list[str]]:
+        """units(n): the first n haystack units (a prefix-stable stream)."""
         if self.haystack == "noise":
-            return text.noise_sentences(n)
+            return lambda n: [text.NOISE_SENTENCES] * n
         if self.haystack == "essay":
-            return text.essay_sentences(rng, n)
-        keys = text.distinct(rng, self._key, n, exclude)
-        return [self._needle(k, self._value(rng)) for k in keys]
+            cycle = text.essay_haystack(spec.seed)
+            return lambda n: [cycle[i % len(cycle)] for i in range(n)]
+        rng, seen, pool = random.Random(seed ^ 0x5EED), set(exclude), []
+        # word keys are adjective-noun pairs (13K of them): past 3/4 of those (about 200K tokens of
+        # distractors) later distractors may repeat an earlier one's key, never the asked key
+        distinct = text.WORD_KEYS * 3 // 4 if self.key_kind == "words" else 1 << 62
+
+        def needles(n: int) -> list[str]:  # distractors: other keys, each with its own value
+            while len(pool) < n:
+                k = self._key(rng)
+                if k in exclude or (k in seen and len(seen) < distinct):
+                    continue
+                seen.add(k)
+                pool.append(self._needle(k, self._value(rng)))
+            return pool[:n]
+        return needles
 
     def _wording(self, key: str) -> tuple[str, str, str]:
         """(before, after, answer prefix) in RULER's words; like RULER's `niah.py`, a task
@@ -74,19 +90,22 @@ class NiahTask(Task):
         depths = [depth] + [rng.random() for _ in range(self.num_values - 1)]
         before, after, prefix = self._wording(key)
 
-        def make(n: int, tail: int) -> PromptParts:
-            units = self._haystack(seed, n + (1 if tail else 0), {key})
-            if tail:  # a partial extra haystack unit closes the gap to the target length
-                units[-1] = cut_to_tokens(units[-1], tail, spec.tokenizer)
-            for d, v in sorted(zip(depths, values, strict=True), reverse=True):
-                pos = round(d * len(units))
-                units.insert(pos, self._needle(key, v))
-            return PromptParts(before, " ".join(units), after, prefix, chat_prefix=self.chat_prefix)
+        units = self._units(spec, seed, {key})
 
-        fit = fit_parts(make, spec, self.budget(spec), self.name, n_min=1, n_guess=64,
-                        tail_max=80)
+        def make(n: int, tail: int) -> tuple[PromptParts, list[str]]:
+            haystack = units(n + (1 if tail else 0))
+            if tail:  # a partial extra haystack unit closes the gap to the target length
+                haystack[-1] = cut_to_tokens(haystack[-1], tail, spec.tokenizer)
+            for d, v in sorted(zip(depths, values, strict=True), reverse=True):
+                haystack.insert(round(d * len(haystack)), self._needle(key, v))
+            pieces = [haystack[0]] + [" " + u for u in haystack[1:]]  # " ".join, split at the spaces
+            return PromptParts(before, "", after, prefix, chat_prefix=self.chat_prefix), pieces
+
+        fit = fit_pieces(make, spec, self.budget(spec), self.name, n_min=1, n_guess=64,
+                         tail_max=80)
+        source = {"haystack_source": text.ESSAY_SOURCE} if self.haystack == "essay" else {}
         return finish(self, index, spec, fit, values, seed, depth=depth, depths=depths,
-                      key=key, haystack=self.haystack)
+                      key=key, haystack=self.haystack, **source)
 
     def score(self, sample: Sample, output: str | None) -> dict[str, Any]:
         if not output or not output.strip():
@@ -98,7 +117,7 @@ class NiahTask(Task):
 
 class NiahSingle(NiahTask):
     name = "niah_single"
-    description = "RULER niah_single_2: one word-key -> 7-digit number needle in essay prose"
+    description = "RULER niah_single_2: one word-key -> 7-digit number needle in the Paul Graham essays"
 
 
 class NiahSingleNoise(NiahTask):
@@ -126,4 +145,4 @@ class NiahMultiValue(NiahTask):
     name = "niah_mv"
     num_values = 4
     max_tokens = 64
-    description = "RULER niah_multivalue (HELMET recall): four values for one key in essay prose"
+    description = "RULER niah_multivalue (HELMET recall): four values for one key in the Paul Graham essays"

@@ -1,5 +1,6 @@
 """RULER's tracing and aggregation tasks (faithful): variable tracking (vt), common words
-extraction (cwe) and frequent words extraction (fwe). Scored by RULER recall."""
+extraction (cwe) and frequent words extraction (fwe). Scored by RULER recall. Contexts are
+counted in pieces split at their spaces and newlines (`fit_pieces`), so 1M-token prompts build fast."""
 from __future__ import annotations
 
 import random
@@ -8,7 +9,7 @@ from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, failed_score
 from tasks.common import after_prefix, finish, first_line, rng_for
-from tasks.fitting import cut_to_tokens, fit_parts
+from tasks.fitting import cut_to_tokens, fit_pieces
 from tasks.helmet import text
 from tasks.metrics import ruler_recall
 
@@ -51,15 +52,15 @@ class VariableTracking(_RulerTask):
         prefix = (f"Answer: According to the chain(s) of variable assignment in the text above, "
                   f"{len(names)} variables are assigned the value {value}, they are:")
 
-        def make(n: int, tail: int) -> PromptParts:
+        def make(n: int, tail: int) -> tuple[PromptParts, list[str]]:
             units = text.noise_sentences(n)
             for f, stmt in sorted(zip(fracs, chain, strict=True), reverse=True):
                 units.insert(round(f * n), stmt)
             if tail:
                 units.append(cut_to_tokens(text.NOISE_SENTENCES, tail, spec.tokenizer))
-            return PromptParts(before, " ".join(units), after, prefix)
+            return PromptParts(before, "", after, prefix), [units[0]] + [" " + u for u in units[1:]]
 
-        fit = fit_parts(make, spec, self.budget(spec), self.name, n_guess=32, tail_max=30)
+        fit = fit_pieces(make, spec, self.budget(spec), self.name, n_guess=32, tail_max=30)
         return finish(self, index, spec, fit, names, seed, depth=fracs[0])
 
 
@@ -77,15 +78,16 @@ class CommonWords(_RulerTask):
         after = f"\nQuestion: What are the {self.n_common} most common words in the above list?"
         prefix = f"Answer: The top {self.n_common} words that appear most often in the list are:"
 
-        def make(n: int, tail: int) -> PromptParts:
+        def make(n: int, tail: int) -> tuple[PromptParts, list[str]]:
             r = random.Random(seed ^ 0xC0E)
             rare = text.distinct(r, lambda q: text.name(q).lower(), n, set(common))
             words = common * self.freq_common + rare * self.freq_rare
             r.shuffle(words)
-            return PromptParts(before, "\n".join(f"{i + 1}. {w}" for i, w in enumerate(words)),
-                               after, prefix)
+            # "\n".join(f"{i + 1}. {w}"), in pieces "\n{i + 1}." and " {w}" (each counted once)
+            pieces = [p for i, w in enumerate(words) for p in (f"\n{i + 1}." if i else "1.", " " + w)]
+            return PromptParts(before, "", after, prefix), pieces
 
-        fit = fit_parts(make, spec, self.budget(spec), self.name, n_min=1, n_guess=32)
+        fit = fit_pieces(make, spec, self.budget(spec), self.name, n_min=1, n_guess=32)
         return finish(self, index, spec, fit, common, seed)
 
 
@@ -107,17 +109,19 @@ class FrequentWords(_RulerTask):
             r = random.Random(seed ^ 0xF3E)
             vocab = text.distinct(r, _coded_word, max(8, n // 8))
             w = [1.0 / (i + 1) ** self.alpha for i in range(len(vocab))]
-            counts = [max(1, int(n * x / sum(w))) for x in w]
+            total = sum(w)  # once: summing inside the loop made 1M-token prompts quadratic
+            counts = [max(1, int(n * x / total)) for x in w]
             for i in (2, 1, 0):  # strict order at the top so the gold top-3 is unambiguous
                 counts[i] = max(counts[i], counts[i + 1] + 1)
             return vocab, counts
 
-        def make(n: int, tail: int) -> PromptParts:
+        def make(n: int, tail: int) -> tuple[PromptParts, list[str]]:
             vocab, counts = counts_for(n)
             words = [v for v, c in zip(vocab, counts, strict=True) for _ in range(c)]
             random.Random(seed ^ 0x5F).shuffle(words)
-            return PromptParts(before, " .... ".join(words), after, prefix)
+            pieces = [p for i, w in enumerate(words) for p in ((" ....", " " + w) if i else (w,))]
+            return PromptParts(before, "", after, prefix), pieces  # " .... ".join(words)
 
-        fit = fit_parts(make, spec, self.budget(spec), self.name, n_min=16, n_guess=64)
+        fit = fit_pieces(make, spec, self.budget(spec), self.name, n_min=16, n_guess=64)
         vocab, _ = counts_for(fit.n)
         return finish(self, index, spec, fit, vocab[:3], seed)

@@ -1,10 +1,15 @@
 """Seeded text material for the offline generators: word pools, fictional names, UUIDs,
-RULER's noise haystack and an essay-like filler (a stand-in for RULER's Paul Graham essays,
-which are not shipped). Everything is a pure function of a `random.Random`."""
+RULER's noise haystack, RULER's real essay haystack (the Paul Graham essays,
+`tasks/loaders/essays.py`) and an essay-like template filler (the HELMET analogues' prose).
+Everything is a pure function of a `random.Random` or a seed."""
 from __future__ import annotations
 
 import random
+import re
 import uuid
+from functools import lru_cache
+
+from tasks.loaders.essays import PAUL_GRAHAM, essay_text
 
 ADJECTIVES = (
     "able ancient bitter bold brave bright broad calm cheerful clever cold cosy curious damp "
@@ -61,6 +66,9 @@ def uuid_str(rng: random.Random) -> str:
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
+WORD_KEYS = len(ADJECTIVES) * len(NOUNS)  # distinct values of `word_key`
+
+
 def word_key(rng: random.Random) -> str:
     """An `adjective-noun` key, RULER style."""
     return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
@@ -105,3 +113,14 @@ def essay_sentences(rng: random.Random, n: int) -> list[str]:
 def noise_sentences(n: int) -> list[str]:
     """RULER's repeated noise haystack, `n` copies of its five-sentence block."""
     return [NOISE_SENTENCES] * n
+
+
+ESSAY_SOURCE = PAUL_GRAHAM.source  # recorded in the samples' metadata
+
+
+@lru_cache(maxsize=8)
+def essay_haystack(seed: int) -> tuple[str, ...]:
+    """One cycle of RULER's essay haystack, in sentences: the essays in their seeded order
+    (`essays.essay_order`), split after '.', '!' or '?' and a space (RULER places needles
+    between `sent_tokenize` sentences). The haystack repeats the cycle past its length."""
+    return tuple(re.split(r"(?<=[.!?]) (?=\S)", essay_text(seed)))
