@@ -86,7 +86,9 @@ class LocalBackend:
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
              max_tokens: int = 512, temperature: float = 0.0, seed: int | None = None) -> ChatResponse:
-        from engine.server.toolcalls import messages_for_template, parse_tool_calls, template_supports_tools
+        from engine.server.chatoutput import parse_chat_output
+        from engine.server.reasoning import prompt_opens_block, reasoning_tags
+        from engine.server.toolcalls import messages_for_template, offered_tools, template_supports_tools
 
         native = template_supports_tools(self.tokenizer.chat_template)
         msgs, tpl_tools = messages_for_template(messages, tools, "auto", native)
@@ -97,10 +99,16 @@ class LocalBackend:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
 
         out = self.llm.generate([ids], SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed))[0]
-        names = {t["function"]["name"] for t in tools or [] if "function" in t}
-        parsed = parse_tool_calls(out.text, names)
+        # what the server answers: tool calls typed by the offered schemas, <think> blocks (when the template
+        # has them, as `--reasoning-parser auto`) split off into extra["reasoning_content"]
+        tags = reasoning_tags("auto", self.tokenizer.chat_template)
+        parsed = parse_chat_output(out.text, offered_tools(tools), tags,
+                                   starts_inside=tags is not None and prompt_opens_block(text[-64:], tags))
         calls = [ToolCall(c.id, c.name, c.arguments) for c in parsed.tool_calls]
+        extra = dict(out.metrics)
+        if parsed.reasoning_content is not None:
+            extra["reasoning_content"] = parsed.reasoning_content
         return ChatResponse(content=parsed.content, tool_calls=calls,
                             finish_reason="tool_calls" if calls else (out.finish_reason or "stop"),
                             prompt_tokens=len(ids), completion_tokens=len(out.token_ids),
-                            latency_s=time.perf_counter() - t0, cost_usd=0.0, extra=out.metrics)
+                            latency_s=time.perf_counter() - t0, cost_usd=0.0, extra=extra)

@@ -412,3 +412,19 @@ def test_server_minimax_call_with_reasoning_stream_equals_nonstream(client):
     assert (tc.index, tc.function.name, json.loads(tc.function.arguments)) == (0, "get_weather",
                                                                                {"city": "Paris", "days": 3})
     assert [c.choices[0].finish_reason for c in results["chunks"] if c.choices][-1] == "tool_calls"
+
+
+def test_local_backend_parses_like_the_server():
+    """The runner's in-process backend (`msa-eval run/agent --backend local`) reads the same answer the same
+    way: the MiniMax call typed by the tool's schema (SmolLM2's template has no <think>, so `auto` keeps the
+    reasoning text in the content, as the server's `auto` does)."""
+    from msa_eval.backends.local import LocalBackend
+
+    backend = LocalBackend("smollm2-135m", attention="dense", device="cpu")
+    try:
+        r = backend.chat(CONVERSATION, tools=[WEATHER], max_tokens=80)
+    finally:
+        backend.close()
+    assert r.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("get_weather", {"city": "Paris", "days": 3})]
+    assert r.content.endswith("Checking.") and "reasoning_content" not in r.extra
