@@ -12,7 +12,8 @@ thousand tokens. `fit_pieces` is the long-context form (32K-1M): the context com
 where the tokenizer's pre-tokenizer splits anyway (before a space or a newline that follows a
 non-space), each piece counted once per tokenizer (`piece_tokens`, memoised), so the search adds
 counts instead of re-tokenizing growing strings; the chosen prompt is then counted exactly once, and
-the search is repeated a little lower in the rare case the sum was optimistic.
+the search is repeated with a shifted aim when the sum and the exact count disagree (a tokenizer
+that merges across a piece boundary).
 """
 from __future__ import annotations
 
@@ -155,6 +156,11 @@ def piece_tokens(pieces: Sequence[str], tok: TokenCounter) -> list[int]:
     return [memo[p] for p in pieces]
 
 
+def forget_piece_counts() -> None:
+    """Drop every memoised piece count (the next fit counts its pieces afresh: a cold start)."""
+    _PIECE_COUNTS.clear()
+
+
 Pieces = tuple[PromptParts, Sequence[str]]  # the prompt's parts (context unused) and the context's pieces
 
 
@@ -169,7 +175,8 @@ def fit_pieces(
 ) -> Fit:
     """`fit_parts` for long contexts: largest n (then tail <= tail_max) whose estimated prompt
     (template tokens + the sum of the pieces' counts) fits `target - budget - margin`; the result is
-    counted exactly and refitted lower while the exact count overflows. `make(n, tail)` returns
+    counted exactly and refitted (at most 4 exact counts) while that count overflows or falls short
+    of the target by more than 0.5%. `make(n, tail)` returns
     (parts, pieces) with context = "".join(pieces); it must be monotone in n and deterministic."""
     limit = spec.target_length - budget
     templates: dict[tuple[Any, ...], int] = {}
@@ -199,19 +206,26 @@ def fit_pieces(
                 f"target length {spec.target_length} is too small for task {task} "
                 f"(needs > {tokens + budget} tokens); pick a longer length")
     margin = 4 + limit // 1000
+    want = limit - margin  # the exact count aimed at; accepted down to `low` (well within 1%)
+    low = limit - max(2 * margin, limit // 200)
+    aim, best = want, None  # aim: in estimated tokens
     for _ in range(4):
-        aim = limit - margin
         n = _largest(est, aim, n_min, n_guess, task, spec.target_length)
         tail = 0
         if tail_max:
-            gap = aim - est(n)
-            tail = max(0, min(tail_max, gap))
+            tail = max(0, min(tail_max, aim - est(n)))
             while tail > 0 and est(n, tail) > aim:
                 tail = max(0, tail - max(1, est(n, tail) - aim))
         parts, tokens = exact(n, tail)
-        if tokens <= limit:
-            return Fit(parts, n, tail, tokens)
-        margin += tokens - est(n, tail) + margin  # the sum was optimistic here: aim lower
+        if tokens <= limit and (best is None or tokens > best.prompt_tokens):
+            best = Fit(parts, n, tail, tokens)
+        if low <= tokens <= limit:
+            return best
+        # the pieces do not add up exactly with this tokenizer (e.g. it merges across a newline):
+        # shift the aim by the difference seen here and fit again
+        aim = want + (est(n, tail) - tokens)
+    if best is not None:
+        return best
     raise TaskError(f"task {task} could not be fitted to {spec.target_length} tokens with this tokenizer; "
                     "report it with the tokenizer's name")
 

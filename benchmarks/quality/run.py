@@ -1,5 +1,6 @@
 """Quality of MSA on the default model: needles MSA vs dense paired per sample (dev / test splits),
-and the rows measured through `msa-eval run helmet` itself (dense needle rows, the main job's time).
+and the rows measured through `msa-eval run helmet` itself (dense needle rows, the main job's time);
+the recall tasks' prompt-construction time on the 32K-1M ladder (`prompts`, CPU only).
 
     python -m benchmarks.quality.run --preset needles [--setting NAME=ADAPTER_DIR[@b64k8]] [--json OUT]
 
@@ -12,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from benchmarks.cli import env_row, parser, run_sections
-from benchmarks.quality import needles, runner_rows
+from benchmarks.quality import needles, prompts, runner_rows
 from benchmarks.quality.needles import Needles
 from benchmarks.quality.runner_rows import RunnerRun
 
@@ -23,6 +24,7 @@ class Preset:
     needles: Needles | None = None
     runs: tuple[RunnerRun, ...] = ()
     pick: bool = False  # print the best non-dense setting (dev split)
+    prompts: prompts.Prompts | None = None
 
 
 def dense(tasks: str, lengths: str, samples: int) -> RunnerRun:
@@ -41,13 +43,15 @@ PRESETS: dict[str, Preset] = {
                                  dense("niah_single,niah_single_noise", "7.5k", 12))),
     "main-job": Preset("times `make run` (msa-eval run helmet --backend local): wall, CPU, RSS, load",
                        runs=(RunnerRun(timed=True),)),
+    "prompts": Preset("prompt construction of every recall task at 32K-1M (one sample each, cold piece counts; "
+                      "goal on 2 cores: 128K <= 5 s, 1M <= 30 s)", prompts=prompts.Prompts()),
     "ci": Preset("tiny: one single-needle sample at 512 tokens, dense vs msa (CPU, about a minute)",
                  Needles(("dense", "msa"), n=1, lengths=(512,), tasks=("niah_single",), recall=0, max_seqs=1)),
 }
 
 
 def markdown(rows: list[dict], p: Preset) -> str:
-    lines = needles.markdown(rows) + runner_rows.markdown(rows)
+    lines = needles.markdown(rows) + runner_rows.markdown(rows) + prompts.markdown(rows)
     if p.pick and p.needles:
         among = [s.split("=", 1)[0] for s in p.needles.settings if s != "dense"]
         best = needles.best_setting(needles.cells(rows), among)
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict] = [env_row(args.preset, ("triton",), needles=dataclasses.asdict(p.needles) if p.needles else None)]
     sections = [("needles", lambda: needles.run(p.needles))] if p.needles else []
     sections += [(f"runner {' '.join(r.args)}", lambda r=r: runner_rows.run_helmet(r)) for r in p.runs]
+    sections += [("prompts", lambda: prompts.run(p.prompts))] if p.prompts else []
     run_sections(sections, rows, args.json)
     rows_with_cells = rows + needles.cells(rows)
     if args.json:

@@ -49,3 +49,27 @@ def test_gold_scores_one_wrong_scores_zero_at_32k(name, ref_tok):
     assert s.score("The answer is " + ", ".join(s.answers) + ".")["score"] == pytest.approx(1.0)
     assert s.score("I am sorry, I cannot find it.")["score"] == 0.0
     assert s.score("")["score"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def metaspace_tok():
+    """Another tokenizer family: a SentencePiece-style BPE (Metaspace: splits at spaces only, so a
+    newline does not end a piece) trained here on the essays, with a plain chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from engine.tokenizer import Tokenizer as Wrapped
+    from tasks.loaders.essays import essay_text
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    text = essay_text(0)
+    hf.train_from_iterator([text[i:i + 5000] for i in range(0, 200_000, 5000)],
+                           trainers.BpeTrainer(vocab_size=3000, special_tokens=["<unk>"]))
+    template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    return Wrapped(hf, template, None, None, set(), False)
+
+
+@pytest.mark.parametrize("name", ["niah_single", "cwe", "json_kv"])
+def test_any_tokenizer(name, metaspace_tok):
+    check(get_task(name).build(0, BuildSpec(32768, metaspace_tok, "chat")), 32768, metaspace_tok)
