@@ -22,6 +22,9 @@ def load_reference_tokenizer(model: str) -> tuple[Any, dict[str, Any]]:
         return _from_tokenizer_json(p)
     if p.is_dir() and not (p / "config.json").is_file():
         return _from_tokenizer_dir(p)
+    if not p.exists() and "+" not in model and ("/" in model or model.endswith(".json")):
+        raise ConfigError(f"{p} does not exist: pass an HF tokenizer or model directory, a tokenizer.json "
+                          "file, a .gguf file or a built-in model name")
     try:
         from engine.loader import load_tokenizer
         from engine.msa.setup import split_model_adapter

@@ -178,3 +178,5 @@ def test_tokenizer_directory_and_file(tmp_path, ref_tok):
     (d / "tokenizer.json").unlink()
     with pytest.raises(ConfigError, match="has no tokenizer.json"):
         load_reference_tokenizer(str(d))
+    with pytest.raises(ConfigError, match="does not exist: pass an HF tokenizer"):
+        load_reference_tokenizer(str(tmp_path / "nowhere" / "tokenizer.json"))
