@@ -81,4 +81,4 @@ def test_python_m_engine_server_reads_its_options_from_server_config_and_the_env
     kw = config.llm_kwargs()
     assert (kw["weights"], kw["kv_cache_tokens"], kw["dequant_cache"], kw["max_num_seqs"]) == ("q4", 4096, False, 16)
     with pytest.raises(SystemExit):
-        parse_args(["--attention", "msa-oracle"])
+        parse_args(["--attention", "msa-bogus"])

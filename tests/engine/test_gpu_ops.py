@@ -222,9 +222,10 @@ def test_msa_plan_hook_matches_engine_msa_decode(dense_layers):
 def test_make_attention_decides_the_class_once_per_kind_and_device():
     """The table of engine.attention.factory: `--attention msa` on a GPU gets the capturable
     GraphMSAAttention (Triton), on the CPU the masked-SDPA CpuMaskedMSA; msa-ref is the reference
-    MSAAttention everywhere; dense is GpuDenseAttention on a GPU. Building the objects launches nothing."""
+    MSAAttention everywhere; msa-oracle the oracle selection over the device's attention; dense is GpuDenseAttention on a GPU. Building the objects launches nothing."""
     from engine.attention import ATTENTION_KINDS, GpuDenseAttention, make_attention
     from engine.attention.msa import CpuMaskedMSA, MSAAttention
+    from engine.attention.oracle import GpuOracleMSA, OracleMSA
     from engine.errors import EngineError
     from engine.gpu.msa_graph import GraphMSAAttention
 
@@ -232,16 +233,18 @@ def test_make_attention_decides_the_class_once_per_kind_and_device():
                        head_dim=64, intermediate_size=96, max_position=4096)
     ix = random_indexer(cfg, "cpu", torch.float32, topk=4)
     got = {(k, d): make_attention(k, d, cfg, ix) for k in ATTENTION_KINDS for d in ("cpu", "cuda", "cuda:0")}
-    assert ATTENTION_KINDS == ("dense", "msa", "msa-ref")
+    assert ATTENTION_KINDS == ("dense", "msa", "msa-ref", "msa-oracle")
     assert type(got["dense", "cpu"]) is DenseAttention and type(got["dense", "cuda:0"]) is GpuDenseAttention
     assert type(got["msa", "cpu"]) is CpuMaskedMSA and type(got["msa", "cuda"]) is GraphMSAAttention
     assert type(got["msa-ref", "cpu"]) is type(got["msa-ref", "cuda"]) is MSAAttention
+    assert type(got["msa-oracle", "cpu"]) is OracleMSA and type(got["msa-oracle", "cuda"]) is GpuOracleMSA
+    assert got["msa-oracle", "cuda"].impl == "triton"
     assert got["msa", "cuda"].impl == "triton" and got["msa-ref", "cuda"].impl == "torch"
     assert type(got["msa", "cuda"].dense) is GpuDenseAttention and type(got["msa", "cpu"].dense) is DenseAttention
     graphs = {k: a.supports_cuda_graphs for k, a in got.items()}
-    assert graphs == {k: k[1] != "cpu" and k[0] != "msa-ref" for k in got}
-    with pytest.raises(EngineError, match="unknown attention 'msa-oracle': use one of dense, msa, msa-ref"):
-        make_attention("msa-oracle", "cpu", cfg, ix)
+    assert graphs == {k: k[1] != "cpu" and k[0] not in ("msa-ref", "msa-oracle") for k in got}
+    with pytest.raises(EngineError, match="unknown attention 'msa-bogus': use one of dense, msa, msa-ref, msa-oracle"):
+        make_attention("msa-bogus", "cpu", cfg, ix)
     with pytest.raises(ValueError, match="needs an MSA indexer"):
         make_attention("msa", "cpu", cfg)
     with pytest.raises(ValueError, match="use attention='msa-ref'"):
