@@ -219,7 +219,7 @@ def fit_pieces(
         parts, tokens = exact(n, tail)
         if tokens <= limit and (best is None or tokens > best.prompt_tokens):
             best = Fit(parts, n, tail, tokens)
-        if low <= tokens <= limit:
+        if best is not None and low <= tokens <= limit:
             return best
         # the pieces do not add up exactly with this tokenizer (e.g. it merges across a newline):
         # shift the aim by the difference seen here and fit again

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 GOALS_S = {131072: 5.0, 1048576: 30.0}
 
@@ -17,7 +18,7 @@ class Prompts:
                               "vt", "cwe", "fwe")
     lengths: tuple[int, ...] = (32768, 65536, 131072, 262144, 524288, 1048576)
     tokenizer: str = "smollm2-135m"
-    mode: str = "chat"
+    mode: Literal["chat", "completion"] = "chat"
 
 
 def run(cfg: Prompts) -> list[dict]:

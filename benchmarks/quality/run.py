@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict] = [env_row(args.preset, ("triton",), needles=dataclasses.asdict(p.needles) if p.needles else None)]
     sections = [("needles", lambda: needles.run(p.needles))] if p.needles else []
     sections += [(f"runner {' '.join(r.args)}", lambda r=r: runner_rows.run_helmet(r)) for r in p.runs]
-    sections += [("prompts", lambda: prompts.run(p.prompts))] if p.prompts else []
+    if (pr := p.prompts) is not None:
+        sections.append(("prompts", lambda: prompts.run(pr)))
     run_sections(sections, rows, args.json)
     rows_with_cells = rows + needles.cells(rows)
     if args.json:

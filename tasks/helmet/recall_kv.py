@@ -32,7 +32,8 @@ class JsonKV(Task):
                  f'below.\n\nKey: "{key}"')
         prefix = "Corresponding value:"
 
-        r, pool = random.Random(seed ^ 0x4B5), []
+        r = random.Random(seed ^ 0x4B5)
+        pool: list[tuple[str, str]] = []
 
         def filler_pairs(n: int) -> list[tuple[str, str]]:  # a prefix-stable stream of pairs
             while len(pool) < n:

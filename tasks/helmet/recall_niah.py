@@ -49,7 +49,8 @@ class NiahTask(Task):
         if self.haystack == "essay":
             cycle = text.essay_haystack(spec.seed)
             return lambda n: [cycle[i % len(cycle)] for i in range(n)]
-        rng, seen, pool = random.Random(seed ^ 0x5EED), set(exclude), []
+        rng, seen = random.Random(seed ^ 0x5EED), set(exclude)
+        pool: list[str] = []
         # word keys are adjective-noun pairs (13K of them): past 3/4 of those (about 200K tokens of
         # distractors) later distractors may repeat an earlier one's key, never the asked key
         distinct = text.WORD_KEYS * 3 // 4 if self.key_kind == "words" else 1 << 62
