@@ -50,12 +50,18 @@ def shape_config(name: str, **overrides) -> ModelConfig:
 
 @torch.no_grad()
 def random_model(cfg: ModelConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0) -> CausalLM:
-    """A `CausalLM` of `cfg` with N(0, 0.02) matrices and unit norms, built directly on `device` in `dtype`
-    (no float32 copy on the host: an 8B stack is 16 GB in bf16)."""
+                 seed: int = 0):
+    """A `CausalLM` of `cfg` (an `engine.m3.model.M3CausalLM` for a MiniMax-M3 config) with N(0, 0.02)
+    matrices, unit norms and zero biases, allocated directly on `device` in `dtype` the way the checkpoint
+    loaders allocate it (no float32 copy on the host: an 8B stack is 16 GB in bf16, the 4-layer M3 slice 47)."""
     device = torch.device(device)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        if cfg.family == "minimax_m3":
+            from engine.m3.model import M3CausalLM
+
+            model = M3CausalLM(cfg)
+        else:
+            model = CausalLM(cfg)
     model = model.to_empty(device=device).to(dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():

@@ -1,6 +1,6 @@
 """The MiniMax-M3 slice on one GPU: full width (hidden 6144, 64 q / 4 KV heads, 128 experts), 4 layers
 (layer 0 full attention + dense MLP, layers 1-3 MSA + MoE), random bf16 weights allocated on the GPU the
-way the checkpoint loader allocates them (`engine.m3.testing.random_m3`: no checkpoint file), run by our
+way the checkpoint loader allocates them (`engine.testing.random_model`: no checkpoint file), run by our
 engine (`LLMEngine` over the slice, `engine.testing.random_engine`) with `--attention msa` (its own index
 branch on layers 1-3) and `dense` (every layer full attention).
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.engine_gpu.msa import ttft
 from benchmarks.engine_gpu.stacks import fake_prefill, free, peak_gib, random_prompt, sync, timed_steps
 
 
@@ -81,18 +82,6 @@ def _engine(model, kind: str, kv_tokens: int, max_num_seqs: int, max_batched: in
                          cuda_graphs=graphs and model.supports_cuda_graphs,
                          index_dim=indexer.config.d_idx if indexer else 0,
                          index_layers=indexer.layers if indexer else ())
-
-
-def _ttft(eng, n: int, seed: int) -> float:
-    from engine.sampling import SamplingParams
-
-    eng.add_request(f"p{n}-{seed}", random_prompt(n, eng.model.cfg.vocab_size, seed), SamplingParams(max_tokens=1))
-    sync()
-    t = time.perf_counter()
-    while eng.has_unfinished():
-        eng.step()
-    sync()
-    return time.perf_counter() - t
 
 
 def bounds(cfg, ctx: int, batch: int) -> dict:
@@ -161,13 +150,14 @@ class M3Slice:
 
     def run(self, opts) -> list[dict]:
         from engine.kv_cache import bytes_per_token
-        from engine.m3.testing import full_width_config, random_m3
+        from engine.m3.testing import full_width_config
+        from engine.testing import random_model
 
         top = max(self.prefill + self.dense_prefill + self.decode_contexts)
         cfg = full_width_config(self.layers, self.experts, max_position=top + 8192)
         free()
         t = time.perf_counter()
-        model = random_m3(cfg, "cuda")
+        model = random_model(cfg, "cuda")
         sync()
         rows = [{"bench": "m3_build", "layers": self.layers, "experts": self.experts,
                  "params_b": sum(p.numel() for p in model.parameters()) / 1e9, "build_s": time.perf_counter() - t,
@@ -192,13 +182,13 @@ class M3Slice:
                 continue
             top = max(lengths)
             eng = _engine(model, kind, top + 8192, 1, self.chunk, top + 4096, graphs=False)
-            _ttft(eng, 4096, 0)  # warm-up: compiles the kernels
+            ttft(eng, 4096, 0)  # warm-up: compiles the kernels
             for n in lengths:
                 runs = []
                 for r in range(self.repeats):
                     torch.cuda.reset_peak_memory_stats()
                     timer.reset()
-                    runs.append(_ttft(eng, n, 1 + r))
+                    runs.append(ttft(eng, n, 1 + r))
                 t = runs[-1]
                 row = {"bench": "m3_prefill", "attention": kind, "ctx": n, "chunk": min(self.chunk, n), "ttft_s": t,
                        "runs_s": runs,
@@ -245,20 +235,21 @@ class M3VersusHF:
     name = "m3_vs_hf"
 
     def run(self, opts) -> list[dict]:
-        from engine.m3.testing import full_width_config, random_m3
+        from engine.m3.testing import full_width_config
+        from engine.testing import random_model
 
         cfg = full_width_config(self.layers, self.experts, max_position=max(self.lengths) + 8192)
         rows = []
         free()
-        model = random_m3(cfg, "cuda")
+        model = random_model(cfg, "cuda")
         eng = _engine(model, "msa", max(self.lengths) + 8192, 1, max(self.lengths), max(self.lengths) + 4096,
                       graphs=False)
-        _ttft(eng, 2048, 0)
+        ttft(eng, 2048, 0)
         for n in self.lengths:
-            _ttft(eng, n, 2)  # a first run at a new length compiles kernel shapes
+            ttft(eng, n, 2)  # a first run at a new length compiles kernel shapes
             torch.cuda.reset_peak_memory_stats()
             rows.append({"bench": "m3_vs_hf", "impl": "ours-msa", "ctx": n, "experts": self.experts,
-                         "ttft_s": _ttft(eng, n, 1), "peak_gib": peak_gib()})
+                         "ttft_s": ttft(eng, n, 1), "peak_gib": peak_gib()})
             print(rows[-1], flush=True)
         del eng, model
         free()

@@ -144,28 +144,3 @@ def full_width_config(num_layers: int = 4, experts: int = 128, max_position: int
         "max_position_embeddings": max_position, "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5}})
 
-
-def random_m3(cfg, device, dtype=None, seed: int = 0):
-    """An `engine.m3.model.M3CausalLM` of `cfg` with N(0, 0.02) matrices, unit norms and a zero router bias,
-    allocated on `device` the way `engine.m3.load.build_m3` allocates it (meta, then `to_empty`), without a
-    checkpoint: for speed and memory measurements at full width (a 4-layer slice is about 50 GB in bf16)."""
-    import torch
-
-    from engine.m3.model import M3CausalLM
-
-    device = torch.device(device)
-    dtype = dtype or torch.bfloat16
-    with torch.device("meta"):
-        model = M3CausalLM(cfg)
-    model = model.to_empty(device=device).to(dtype)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    model.prepare(device)
-    return model.eval()
