@@ -22,6 +22,37 @@ def attention_option(default: str = "dense", extra: tuple[str, ...] = (), help: 
                         show_default=True, help=help)
 
 
+def parse_arms(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """One kind, a comma list of kinds (the arms, in order, on identical prompts: e.g. `dense,msa,msa-oracle`)
+    or `both` (= `msa,dense`) -> a tuple of kinds, repeats dropped; ValueError naming the choices."""
+    if isinstance(value, tuple):
+        names = list(value)
+    else:
+        names = ["msa", "dense"] if value == "both" else [v.strip() for v in str(value).split(",") if v.strip()]
+    bad = [n for n in names if n not in ATTENTION_KINDS]
+    if bad or not names:
+        raise ValueError(f"unknown attention arm {bad[0] if bad else repr(value)}: use both or a comma list of "
+                         f"{', '.join(ATTENTION_KINDS)}")
+    return tuple(dict.fromkeys(names))
+
+
+class AttentionArms(click.ParamType):
+    """`--attention` of `msa-eval run` (`parse_arms`)."""
+
+    name = "arms"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ...]:
+        try:
+            return parse_arms(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def arms_option(help: str | None = None) -> Callable:
+    """`--attention ARMS` (`AttentionArms`), default both."""
+    return click.option("--attention", type=AttentionArms(), default="both", show_default=True, help=help)
+
+
 def engine_options(f: Callable) -> Callable:
     """`--weights`, `--kv-cache-tokens`, `--no-dequant-cache`, `--tensor-parallel-size`: the in-process engine's
     settings (arguments `weights`, `kv_cache_tokens`, `no_dequant_cache`, `tensor_parallel_size`; `engine_kwargs`

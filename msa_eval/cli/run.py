@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from msa_eval import display
-from msa_eval.cli.options import attention_option, engine_kwargs, engine_options
+from msa_eval.cli.options import arms_option, engine_kwargs, engine_options
 
 
 @click.command()
@@ -19,7 +19,8 @@ from msa_eval.cli.options import attention_option, engine_kwargs, engine_options
               show_default=True, help="Where the model runs.")
 @click.option("--model", default=None,
               help="local: built-in name, HF dir or .gguf (default smollm2-135m); openai: model id.")
-@attention_option("both", extra=("both",), help="local backend attention (both: msa and dense).")
+@arms_option(help="local backend attention arms: both (msa and dense) or a comma list of dense, msa, msa-ref, "
+             "msa-oracle (e.g. dense,msa,msa-oracle), run on identical prompts.")
 @click.option("--base-url", default=None, help="openai backend: the endpoint's base URL (…/v1).")
 @click.option("--tokenizer", "reference", default=None,
               help="Reference tokenizer for prompt fitting (model name/path or tokenizer.json); "

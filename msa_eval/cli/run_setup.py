@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from engine.attention.kinds import AttentionKind, uses_indexer
 from msa_eval.runner.config import (
@@ -29,7 +29,7 @@ class RunArgs:
     suite: str
     backend: str
     model: str | None
-    attention: AttentionKind | Literal["both"]
+    attention: tuple[AttentionKind, ...] | str  # the arms, or a string `msa_eval.cli.options.parse_arms` reads
     base_url: str | None
     reference: str | None
     lengths: str | None
@@ -42,6 +42,11 @@ class RunArgs:
     out: Path | None
     backend_opts: tuple[str, ...] = ()
     engine_opts: dict[str, Any] = field(default_factory=dict)  # local backend: --weights etc. (under --backend-opt)
+
+    def __post_init__(self) -> None:
+        from msa_eval.cli.options import parse_arms
+
+        self.attention = parse_arms(self.attention)  # type: ignore[assignment]
 
 
 @dataclass
@@ -72,7 +77,7 @@ def _backends(a: RunArgs, suite: SuiteConfig) -> tuple[BackendSpec, ...]:
     opts = parse_backend_opts(tuple(a.backend_opts))
     if a.backend == "local":
         model = a.model or DEFAULT_MODEL
-        kinds: tuple[AttentionKind, ...] = ("msa", "dense") if a.attention == "both" else (a.attention,)
+        kinds: tuple[AttentionKind, ...] = a.attention  # type: ignore[assignment]
         opts = {**a.engine_opts, **opts}
 
         def for_kind(k: AttentionKind) -> dict[str, Any]:

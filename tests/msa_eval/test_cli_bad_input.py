@@ -42,6 +42,8 @@ CASES = [
     ("run-concurrency-text", lambda t: ["run", "helmet", "--concurrency", "many", "--dry-run"],
      "is not a valid integer"),
     ("run-samples-0", lambda t: ["run", "helmet", "--samples", "0", "--dry-run"], "x>=1"),
+    ("run-unknown-arm", lambda t: ["run", "helmet", "--attention", "dense,msa-magic", "--dry-run"],
+     "unknown attention arm msa-magic: use both or a comma list of dense, msa, msa-ref, msa-oracle"),
     ("run-limit-negative", lambda t: ["run", "helmet", "--limit", "-1", "--dry-run"], "x>=1"),
     ("run-seed-2**70", lambda t: ["run", "helmet", "--seed", SEED_OVER, "--dry-run"], "0<=x<=9223372036854775807"),
     ("run-bad-lengths", lambda t: ["run", "helmet", "--lengths", "2k,abc", "--dry-run"], "use tokens like 2048 or 2k"),

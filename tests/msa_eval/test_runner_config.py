@@ -171,6 +171,17 @@ def test_suite_msa_overrides_and_per_task_lengths(tmp_path):
     assert b.cfg.config_hash() != a.cfg.config_hash()
 
 
+def test_attention_arms_are_a_comma_list(tmp_path):
+    """`--attention dense,msa,msa-oracle`: one local backend per arm, in order, on the same plan; `both` = msa,dense."""
+    a = prepare(args(tmp_path, attention="dense,msa,msa-oracle,msa"))
+    assert [b.attention for b in a.cfg.backends] == ["dense", "msa", "msa-oracle"]
+    assert all(b.options["msa_overrides"] == load_suite("helmet").msa_overrides for b in a.cfg.backends[1:])
+    b = prepare(args(tmp_path, attention="both", out=tmp_path / "b"))
+    assert [x.attention for x in b.cfg.backends] == ["msa", "dense"]
+    with pytest.raises(ValueError, match="unknown attention arm sparse"):
+        args(tmp_path, attention="dense,sparse")
+
+
 def test_engine_settings_from_the_command_line_reach_the_local_backend(tmp_path):
     """`run --weights / --kv-cache-tokens / --no-dequant-cache` (or their MSA_EVAL_* variables, read by
     click) become local backend options under any --backend-opt; only the weight mode, which changes the
