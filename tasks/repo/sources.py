@@ -13,6 +13,7 @@ import sysconfig
 from pathlib import Path
 
 from msa_common.errors import HarnessError
+from msa_common.files import sha256_file
 
 
 class RepoWithoutTestsError(HarnessError):
@@ -25,10 +26,6 @@ def stdlib_dir() -> Path:
         raise HarnessError(f"the standard library test suite is missing under {d}/test; "
                                 "install your distribution's python3 test package or use --source PATH")
     return d
-
-
-def sha256_file(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
 def pin(files: dict[str, Path]) -> dict[str, dict[str, str]]:
