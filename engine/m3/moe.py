@@ -1,8 +1,8 @@
-"""MiniMax-M3's MLPs: SwiGLU-OAI (`swiglu_oai`), the dense MLP and the MoE block (sigmoid router whose
+"""MiniMax-M3's MLPs: the dense SwiGLU-OAI MLP and the MoE block (sigmoid router whose
 `e_score_correction_bias` only chooses, top-k experts renormalised, `routed_scaling_factor`, one shared
-expert). On a CUDA device routing and experts run `kernels.moe` (a fused router kernel and Triton grouped
-GEMMs, no host sync); on the CPU `route` and `experts_torch` (tokens sorted by expert, one matmul pair per
-expert that has tokens). `MoE.impl` is chosen once, by `experts_impl`, when the model is prepared.
+expert). Routing and experts run `kernels.moe` on every device: its fused router kernel and Triton grouped
+GEMMs on CUDA (no host sync), its fp32 torch references (one matmul pair per expert that has tokens) on the
+CPU. `MoE.impl` is chosen once, by `experts_impl`, when the model is prepared.
 """
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-
-
-def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    """`[T, 2I]` (gate first, not interleaved) -> `(clamp(up) + 1) * g * sigmoid(alpha * g)`, g = min(gate, limit)."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    gate = gate.clamp(max=limit)
-    up = up.clamp(min=-limit, max=limit)
-    return (up + 1.0) * (gate * torch.sigmoid(gate * alpha))
+from kernels.moe import moe_experts, moe_route
+from kernels.moe.reference import swiglu_oai
 
 
 class DenseMLP(nn.Module):
@@ -32,37 +26,6 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(swiglu_oai(F.linear(x, self.gate_up), self.alpha, self.limit), self.down)
-
-
-def route(x: torch.Tensor, router: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights fp32 `[T, k]` summing to 1, expert ids int64 `[T, k]`): sigmoid scores, chosen by score + bias."""
-    scores = torch.sigmoid(F.linear(x, router).float())
-    ids = torch.topk(scores + bias.float(), k, dim=-1, sorted=False).indices
-    w = scores.gather(1, ids)
-    return w / w.sum(dim=-1, keepdim=True), ids
-
-
-def experts_torch(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                  alpha: float, limit: float) -> torch.Tensor:
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) `[T, H]` (x's dtype); one matmul pair per used expert."""
-    T, k = ids.shape
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    tok = order // k
-    out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
-    start = 0
-    for e, n in enumerate(counts):
-        if e >= w13.shape[0]:  # ids past the experts held: another rank's (engine.parallel), skipped
-            break
-        if n == 0:
-            continue
-        rows = order[start:start + n]
-        t = tok[start:start + n]
-        start += n
-        h = F.linear(swiglu_oai(F.linear(x[t], w13[e]), alpha, limit), w2[e])
-        out.index_add_(0, t, h.float() * weights.reshape(-1)[rows, None])
-    return out.to(x.dtype)
 
 
 class MoE(nn.Module):
@@ -84,17 +47,17 @@ class MoE(nn.Module):
         self.impl = "torch"  # set by the model's `prepare(device)` (`experts_impl`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl == "triton":  # fused router kernel + grouped GEMMs, no host sync (CUDA-graph safe)
-            from kernels.moe import moe_experts, moe_route
+        return self.routed(x) + self.shared(x)
 
-            weights, ids = moe_route(x, self.router, self.bias, self.k, impl="triton")
-            routed = moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
-                                 scaling=self.scaling, impl="triton")
-            return routed + self.shared(x)
-        weights, ids = route(x, self.router, self.bias, self.k)
-        return experts_torch(x, self.w13, self.w2, weights, ids, self.alpha, self.limit) * self.scaling + self.shared(x)
+    def routed(self, x: torch.Tensor, first_expert: int | None = None) -> torch.Tensor:
+        """The scaled routed part `[T, H]` through `kernels.moe` in this block's `impl` (its fused router and
+        grouped GEMMs on CUDA, no host sync; its fp32 references on the CPU); `first_expert`: these
+        experts are global `first_expert..` (expert parallel), the other experts' pairs add nothing."""
+        weights, ids = moe_route(x, self.router, self.bias, self.k, impl=self.impl)
+        return moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
+                           scaling=self.scaling, first_expert=first_expert, impl=self.impl)
 
 
 def experts_impl(device: torch.device) -> str:
-    """"triton" (`kernels.moe`: the fused router and grouped GEMMs) on CUDA, else "torch" (`route`, `experts_torch`)."""
+    """"triton" (`kernels.moe`'s fused router and grouped GEMMs) on CUDA, else "torch" (its references)."""
     return "triton" if torch.device(device).type == "cuda" else "torch"

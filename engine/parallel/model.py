@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.m3.moe import MoE, experts_torch, route
+from engine.m3.moe import MoE
 from engine.parallel.sharding import expert_range, holds, local_config, shard_tensor, shard_weights
 
 
@@ -81,20 +81,8 @@ class ExpertShard(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`MoE.forward` over this rank's experts: every token routed, the other ranks' (token, expert)
-        pairs add nothing (the Triton op's `first_expert`: no row, no compute; the torch path: their ids
-        moved past the experts held, which `experts_torch` skips)."""
-        if self.impl == "triton":
-            from kernels.moe import moe_experts, moe_route
-
-            weights, ids = moe_route(x, self.router, self.bias, self.k, impl="triton")
-            routed = moe_experts(x, self.w13, self.w2, weights, ids, alpha=self.alpha, limit=self.limit,
-                                 scaling=self.scaling, first_expert=self.first_expert, impl="triton")
-            return routed + self.shared(x)
-        weights, ids = route(x, self.router, self.bias, self.k)
-        lo, n = self.first_expert, self.w13.shape[0]
-        local = (ids >= lo) & (ids < lo + n)
-        routed = experts_torch(x, self.w13, self.w2, weights, torch.where(local, ids - lo, n), self.alpha, self.limit)
-        return routed * self.scaling + self.shared(x)
+        pairs add nothing (`kernels.moe`'s `first_expert`: no row, no compute)."""
+        return self.routed(x, first_expert=self.first_expert) + self.shared(x)
 
 
 def m3_shard(path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, rank: int, world: int) -> nn.Module:
