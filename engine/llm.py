@@ -5,6 +5,8 @@ mode (`weights`: "fp32" exact, the default; "bf16"; "q4" = the GGUF's 4-bit code
 request step by step; `prompt_logprobs` scores token ids (a score-only engine request).
 A request the engine ended with an error raises that error from `generate` / `finish` (the other
 requests of a `generate` call are aborted: the offline caller owns them all).
+`msa_telemetry=True` (or an `engine.msa.telemetry.TelemetryConfig`) records what MSA's indexer chose per
+request in `metrics["msa_telemetry"]` (decode then runs eagerly: a quality run, not a speed run).
 `tensor_parallel_size=N` runs the model over N processes this one launches (`engine.parallel`: KV heads,
 MLP rows and M3's experts split; CUDA graphs off); `close()` stops them.
 Settings come in as arguments: the CLI and the server config read the environment, never this class."""
@@ -25,6 +27,7 @@ from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_fr
 from engine.llm_engine import LLMEngine
 from engine.loader import load, model_family
 from engine.model import CausalLM
+from engine.msa.telemetry import TelemetryConfig
 from engine.requests import Request, RequestOutput, StepOutput
 from engine.sampling import SamplingParams
 from engine.scheduler import SchedulerConfig
@@ -37,16 +40,31 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _telemetry(asked: bool | TelemetryConfig, attention: AttentionKind, tensor_parallel_size: int
+               ) -> TelemetryConfig | None:
+    """The selection telemetry config (`engine.msa.telemetry`) of `msa_telemetry`, or None when it is off."""
+    if not asked:
+        return None
+    if not uses_indexer(attention):
+        raise EngineError("msa_telemetry measures MSA's block selection: use attention msa, msa-ref or msa-oracle "
+                          "(or leave msa_telemetry off)")
+    if tensor_parallel_size != 1:
+        raise EngineError("msa_telemetry runs in one process: leave tensor_parallel_size at 1 (or turn it off)")
+    return asked if isinstance(asked, TelemetryConfig) else TelemetryConfig()
+
+
 class LLM:
     def __init__(self, model: str = "smollm2-135m", attention: AttentionKind = "dense", device: str | None = None,
                  dtype: torch.dtype | str | None = None, max_model_len: int | None = None,
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, kv_cache_tokens: int | None = None,
                  page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
                  cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None,
-                 dequant_cache: bool = True, tensor_parallel_size: int = 1):
+                 dequant_cache: bool = True, tensor_parallel_size: int = 1,
+                 msa_telemetry: bool | TelemetryConfig = False):
         self.attention_kind = attention = check_kind(attention)
         if weights is not None and weights not in WEIGHT_MODES:  # fail before loading anything
             raise EngineError(f"unknown weights mode {weights!r}: use one of {', '.join(WEIGHT_MODES)}")
+        self.telemetry = _telemetry(msa_telemetry, attention, tensor_parallel_size)
         self.device = torch.device(device) if device else default_device()
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -150,7 +168,8 @@ class LLM:
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,
                                 SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.max_model_len, self.device,
-                                cuda_graphs=cuda_graphs and self.parallel is None)  # eager under TP
+                                cuda_graphs=cuda_graphs and self.parallel is None,  # eager under TP
+                                telemetry=self.telemetry)
         self._ids = itertools.count()
         if self.parallel is not None:
             self.parallel.start(self)  # rank 0 launches the other ranks now (their cache: this one's pages)

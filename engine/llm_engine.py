@@ -18,6 +18,11 @@ Scoring (`SamplingParams.prompt_logprobs`) rides on the request's own prefill ch
 (the one loop: add, step until they finish, abort the rest if the caller stops early) and
 `finish(request_id) -> RequestOutput`. `LLM.generate`, the local backend and `msa-eval generate` use
 `stream`; the HTTP server's engine thread interleaves its commands with `step` and calls `finish`.
+
+Selection telemetry (`telemetry`, an `engine.msa.telemetry.TelemetryConfig`, MSA attentions only): every
+request gets an accumulator on its `Sequence`, each forward hands the batch's accumulators to the
+attention (`AttentionMeta.telemetry`), and the result lands in `metrics["msa_telemetry"]`; decode steps
+then run eagerly (no CUDA graphs, no one-step-late decode) so that every step's selection is seen.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from engine.gpu.async_decode import DecodeRow, EagerDecodeLauncher, InflightDeco
 from engine.gpu.sampler import sample_requests
 from engine.kv_cache import BlockManager, KVCache
 from engine.model import CausalLM
+from engine.msa.telemetry import SelectionTelemetry, TelemetryConfig
 from engine.requests import (
     Request,
     RequestOutput,
@@ -52,9 +58,12 @@ from engine.tokenizer import Tokenizer
 
 class LLMEngine(StepForward):
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, attention, cache: KVCache,
-                 sched_cfg: SchedulerConfig, max_model_len: int, device: torch.device, cuda_graphs: bool = True):
+                 sched_cfg: SchedulerConfig, max_model_len: int, device: torch.device, cuda_graphs: bool = True,
+                 telemetry: TelemetryConfig | None = None):
         self.model, self.tokenizer, self.attention, self.cache = model, tokenizer, attention, cache
         self.device, self.max_model_len = device, max_model_len
+        self.telemetry = telemetry
+        cuda_graphs = cuda_graphs and telemetry is None  # a telemetry run sees every decode step's selection
         cfg = model.cfg
         self.shapes = DecodeShapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.page_size, cache.cfg.dtype,
                                    device)
@@ -80,6 +89,8 @@ class LLMEngine(StepForward):
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, list(prompt_token_ids), params,
                        max_len=min(len(prompt_token_ids) + params.max_tokens, self.max_model_len))
+        if self.telemetry is not None:
+            seq.telemetry = SelectionTelemetry(len(prompt_token_ids), self.telemetry)
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return seq
@@ -121,6 +132,13 @@ class LLMEngine(StepForward):
 
     def _unfinished(self, ids: Collection[str]) -> bool:
         return self.has_unfinished() and any(not self.seqs[i].finished for i in ids if i in self.seqs)
+
+    def _pack(self, chunks: list[ScheduledChunk], input_ids: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, AttentionMeta]:
+        input_ids, positions, meta = super()._pack(chunks, input_ids)
+        if self.telemetry is not None:
+            meta.telemetry = [c.seq.telemetry for c in chunks]
+        return input_ids, positions, meta
 
     # -- one step (the forward half: engine.forward.StepForward) ---------------------------
     @torch.inference_mode()

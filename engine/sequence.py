@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ class Sequence:
     prompt_logprobs: list[LogprobRow] | None = None  # with params.prompt_logprobs: filled chunk by chunk
     output_logprobs: list[LogprobRow] = field(default_factory=list)  # with params.logprobs: one per token
     error: Exception | None = None  # why the request ended with finish_reason "error"
+    telemetry: Any = None  # engine.msa.telemetry.SelectionTelemetry when the engine measures MSA's selection
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -52,8 +54,9 @@ class Sequence:
         """Tokens not yet in the cache (the whole prompt at first, then 1 per decode step)."""
         return self.total_len - self.num_computed
 
-    def metrics(self) -> dict[str, float | None]:
-        m: dict[str, float | None] = {
+    def metrics(self) -> dict[str, Any]:
+        """Timings (s), `attention_density` (MSA) and, with selection telemetry, `msa_telemetry` (a dict)."""
+        m: dict[str, Any] = {
             "prefill_s": ((self.first_token - self.first_scheduled) if self.first_token and self.first_scheduled
                           else None),
             "ttft_s": (self.first_token - self.arrival) if self.first_token else None,
@@ -61,4 +64,6 @@ class Sequence:
         }
         if self.keys_dense:
             m["attention_density"] = self.keys_read / self.keys_dense
+        if self.telemetry is not None:
+            m["msa_telemetry"] = self.telemetry.summary()
         return m

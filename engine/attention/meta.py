@@ -56,6 +56,8 @@ class AttentionMeta:
     in_graph: bool = False  # this forward is captured / replayed as a CUDA graph
     # CPU: flat cache row of each (token, KV head) (`engine.cpu_decode.cache_rows`), set once per forward
     cache_rows: torch.Tensor | None = None
+    # selection telemetry: per request its `engine.msa.telemetry.SelectionTelemetry` or None (set by the engine)
+    telemetry: list[Any] | None = None
 
     @property
     def num_requests(self) -> int:

@@ -13,7 +13,8 @@ Statistics per request (summed over layers) in `meta.stats`: `keys_read` (keys t
 attention reads: `(n_valid - 1) * B + pos % B + 1` per query with `n_valid = min(k, pos // B + 1)`,
 whatever blocks are picked) and `keys_dense` (`pos + 1`). With `track_recall=True` (the reference
 kind, msa-ref) each MSA layer also adds the dense softmax mass that falls inside its selected blocks
-to `recall[layer] = [mass_sum, n_query_heads]`.
+to `recall[layer] = [mass_sum, n_query_heads]`. When the engine gives `meta.telemetry` (selection
+telemetry, `engine.msa.telemetry`), each MSA layer hands its selected ids to `observe_layer`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from engine.attention.meta import AttentionMeta
 from engine.msa.config import MSAConfig
 from engine.msa.projections import IndexProjections, IndexRope
 from engine.msa.recall import selected_mass
+from engine.msa.telemetry import observe_layer
 
 # Sparse prefill kernel design, fixed so that a layer needs no host sync. design="auto" (one sync per
 # layer) picks the per-token kernel only when a tile's union of selected blocks passes the measured
@@ -81,6 +83,8 @@ class MSAAttention:
         kic = cache.k_idx[layer]
         kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
         out, ids = self._select_and_attend(q, q_idx.to(kic.dtype), k_cache, v_cache, kic, meta)
+        if meta.telemetry is not None:  # engine.msa.telemetry: probe rows against the oracle
+            observe_layer(layer, q, k_cache, ids, meta, self.msa.topk, self.scale)
         if self.track_recall:
             s, n = selected_mass(q, k_cache, meta, ids, self.scale)
             acc = self.recall.setdefault(layer, [0.0, 0])

@@ -18,6 +18,7 @@ import torch
 
 from engine.attention.meta import AttentionMeta, DecodeShapes
 from engine.attention.msa import MSAAttention
+from engine.msa.telemetry import observe_layer
 
 
 @dataclass
@@ -88,4 +89,7 @@ class GraphMSAAttention(MSAAttention):
         q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
         kic = cache.k_idx[layer]
         kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
-        return plans.msa.run(q, q_idx.to(kic.dtype), k_cache, v_cache, kic)
+        out = plans.msa.run(q, q_idx.to(kic.dtype), k_cache, v_cache, kic)
+        if meta.telemetry is not None:  # an eager step (the engine turns graphs off for telemetry)
+            observe_layer(layer, q, k_cache, plans.msa.topk_ids, meta, self.msa.topk, self.scale)
+        return out

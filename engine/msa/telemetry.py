@@ -1,0 +1,189 @@
+"""Selection telemetry: what MSA's indexer chose, measured per request against the oracle and dense attention.
+
+Opt-in (`LLM(..., msa_telemetry=True)` or a `TelemetryConfig`; `msa-eval run` turns it on for local MSA
+arms). Measured over *probe queries* only: the last `probe_queries` prompt positions (P = 64 by default:
+the question tokens that must find the needle) and every decode token. Per MSA layer, per KV group, each
+probe row contributes (one row = one query position; every value lies in [0, 1]):
+
+- `recall`: |indexer's blocks ∩ oracle's blocks| / |oracle's blocks|. The oracle is
+  `engine.attention.oracle`'s rule (`kernels.indexer.naive.select_blocks` on the dense attention mass of
+  the group's query heads: the top k - 1 earlier blocks, the own block forced). A block of the indexer
+  whose mass is within 1e-6 of the oracle's smallest history block counts as the oracle's (equal masses
+  are equally good choices; float rounding must not flip them).
+- `mass`: the dense attention mass inside the indexer's blocks (group mean over its query heads);
+  `mass_recall`: that mass / the mass inside the oracle's blocks (1 = as good as the best choice).
+- `keys_read`: keys the attention reads for the row / keys dense attention reads: the selected blocks'
+  keys at or before the query position, over pos + 1.
+- `local_share`: the share of the group's dense attention mass on the keys of the query's own block
+  (the block MSA always keeps: positions B * (pos // B) .. pos), group mean over its query heads.
+- `layer_overlap` (per layer l): |blocks of layer l ∩ blocks of the next MSA layer| / |blocks of layer l|
+  for the same query (what sharing layer l's index with the next layer would lose); the count is k once
+  the context holds k blocks. The last MSA layer has none (None).
+- `decode_overlap`: for each decode token, |its blocks ∩ the previous query token's blocks| / |its
+  blocks| (the previous token: the last prompt token for the first decode step); None without decode.
+
+The dense masses are computed exactly in fp32 over the probe rows only (O(P x context) per layer, in
+row chunks of at most 2^24 probabilities, `engine.msa.recall.dense_probs`), never O(context^2).
+
+Stored per request as `RequestOutput.metrics["msa_telemetry"]` (`summary()`), rounded to 4 digits:
+`{"version", "probe_queries", "prefill_probes", "decode_tokens", "decode", "layers": [MSA layer ids],
+"<metric>": [[per KV group] per layer] for each metric above, "mean": {"<metric>": mean over layers
+and groups}}`.
+
+On a GPU, decode steps normally replay CUDA graphs; with telemetry on the engine runs every step eagerly
+(`"decode": "eager"`): the selections of prefill probes and of every decode token are measured. A
+telemetry run is a quality run, not a speed run (single process: not under tensor parallelism).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.dense import gather_kv
+from engine.attention.meta import AttentionMeta
+from engine.msa.recall import dense_probs
+
+METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "layer_overlap", "decode_overlap")
+_PER_ROW = METRICS[:5]  # every probe row has these
+_MAX_ELEMENTS = 1 << 24  # fp32 probabilities per chunk [rows, Hq, S]
+_TIE = 1e-6  # block masses this close to the oracle's smallest kept mass count as the oracle's
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """probe_queries: the last P prompt positions measured (every decode token is measured too)."""
+
+    probe_queries: int = 64
+
+    def __post_init__(self) -> None:
+        if self.probe_queries < 1:
+            raise ValueError(f"probe_queries must be >= 1, got {self.probe_queries}")
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Block ids `[n, H, k]` (-1 padding) -> `[n, H]`: |a ∩ b| / |a|."""
+    hit = ((a[..., :, None] == b[..., None, :]) & (b[..., None, :] >= 0)).any(-1) & (a >= 0)
+    return hit.sum(-1) / (a >= 0).sum(-1).clamp(min=1)
+
+
+def row_metrics(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, block: int, topk: int,
+                scale: float) -> torch.Tensor:
+    """One request's probe rows: q `[n, Hq, d]`, its keys k `[Hkv, S, d]`, positions `[n]`, the indexer's ids
+    `[n, Hkv, topk]` -> fp32 `[5, n, Hkv]`: recall, mass_recall, mass, keys_read, local_share (module docstring)."""
+    from kernels.indexer.naive import select_blocks
+
+    n, hq = q.shape[0], q.shape[1]
+    hkv, s = k.shape[0], k.shape[1]
+    g, nb = hq // hkv, -(-s // block)
+    p = dense_probs(q, k, pos, scale)  # [n, Hq, S]
+    mass = p.view(n, hkv, g, s).sum(2) / g
+    mass = torch.nn.functional.pad(mass, (0, nb * block - s)).view(n, hkv, nb, block).sum(-1)  # [n, Hkv, nb]
+    own = pos // block
+    oracle = select_blocks(mass, own, topk)
+
+    def chosen(sel: torch.Tensor) -> torch.Tensor:  # [n, Hkv, nb] bool
+        m = torch.zeros(n, hkv, nb + 1, dtype=torch.bool, device=q.device)
+        m.scatter_(2, torch.where(sel >= 0, sel.long(), nb), True)
+        return m[..., :nb]
+
+    sel_m, orc_m = chosen(ids), chosen(oracle)
+    m_sel, m_orc = (mass * sel_m).sum(-1), (mass * orc_m).sum(-1)
+    history = orc_m & (torch.arange(nb, device=q.device)[None, :] < own[:, None])[:, None, :]
+    floor = mass.masked_fill(~history, float("inf")).amin(-1, keepdim=True)  # oracle's smallest kept mass
+    hit = orc_m | (mass >= floor - _TIE) & (torch.arange(nb, device=q.device) < own[:, None, None])
+    recall = (sel_m & hit).sum(-1) / orc_m.sum(-1)
+    starts = torch.arange(nb, device=q.device) * block
+    valid = (pos[:, None] + 1 - starts[None, :]).clamp(0, block)  # [n, nb] keys of each block up to pos
+    keys = (sel_m * valid[:, None, :]).sum(-1) / (pos[:, None] + 1)
+    local = mass.gather(2, own.view(n, 1, 1).expand(n, hkv, 1))[..., 0]
+    out = torch.stack([recall.clamp(max=1.0), (m_sel / m_orc.clamp(min=1e-30)).clamp(max=1.0), m_sel, keys, local])
+    return out.float().clamp(0.0, 1.0)
+
+
+class SelectionTelemetry:
+    """One request's accumulator (the engine keeps it on the `Sequence`; MSA layers add to it)."""
+
+    def __init__(self, prompt_len: int, config: TelemetryConfig | None = None):
+        self.config = config or TelemetryConfig()
+        self.prompt_len = prompt_len
+        self.probe_from = max(0, prompt_len - self.config.probe_queries)
+        self.sums: dict[int, torch.Tensor] = {}  # layer -> [7, Hkv] fp64 (on the device: no sync per layer)
+        self.counts: dict[int, list[int]] = {}  # layer -> rows per metric
+        self.prefill_probes = self.decode_tokens = 0
+        self._last_layer: tuple[int, int, torch.Tensor] | None = None  # (layer, first pos, ids) of this forward
+        self._last_token: dict[int, tuple[int, torch.Tensor]] = {}  # layer -> (pos, ids [Hkv, k]) of the last row
+
+    def _add(self, layer: int, metric: int, values: torch.Tensor) -> None:
+        """values `[n, Hkv]` summed into `layer`'s row of `metric`."""
+        if layer not in self.sums:
+            self.sums[layer] = torch.zeros(len(METRICS), values.shape[1], dtype=torch.float64, device=values.device)
+            self.counts[layer] = [0] * len(METRICS)
+        self.sums[layer][metric] += values.sum(0).double()
+        self.counts[layer][metric] += values.shape[0]
+
+    def observe(self, layer: int, q: torch.Tensor, k: torch.Tensor, pos0: int, ids: torch.Tensor, block: int,
+                topk: int, scale: float) -> None:
+        """This request's rows of one MSA layer call: q `[ql, Hq, d]` at positions pos0.., keys `[Hkv, S, d]`,
+        ids `[ql, Hkv, topk]`."""
+        skip = max(0, self.probe_from - pos0)
+        if skip >= q.shape[0]:
+            return
+        q, ids, pos0 = q[skip:], ids[skip:].clone(), pos0 + skip  # a decode plan reuses its ids buffer
+        n, hq, s = q.shape[0], q.shape[1], k.shape[1]
+        pos = torch.arange(pos0, pos0 + n, device=q.device)
+        chunk = max(1, _MAX_ELEMENTS // (hq * s))
+        rows = torch.cat([row_metrics(q[c:c + chunk], k, pos[c:c + chunk], ids[c:c + chunk], block, topk, scale)
+                          for c in range(0, n, chunk)], dim=1)  # [5, n, Hkv]
+        for i in range(len(_PER_ROW)):
+            self._add(layer, i, rows[i])
+        prev = self._last_layer
+        if prev is not None and prev[0] < layer and prev[1] == pos0 and prev[2].shape == ids.shape:
+            self._add(prev[0], METRICS.index("layer_overlap"), overlap(prev[2], ids))
+        self._last_layer = (layer, pos0, ids)
+        last = self._last_token.get(layer)
+        dec = max(0, self.prompt_len - pos0)  # rows from here on are decode tokens
+        if dec < n:
+            before = ids[dec - 1:n - 1] if dec > 0 else None
+            if before is None and last is not None and last[0] == pos0 - 1:
+                before = torch.cat([last[1][None], ids[:n - 1]])
+            if before is not None:
+                first = n - before.shape[0]
+                self._add(layer, METRICS.index("decode_overlap"), overlap(ids[first:], before))
+        self._last_token[layer] = (pos0 + n - 1, ids[-1])
+        if layer == min(self.sums):  # count rows once per forward (the first MSA layer)
+            self.prefill_probes += max(0, min(n, self.prompt_len - pos0))
+            self.decode_tokens += max(0, n - max(0, self.prompt_len - pos0))
+
+    def summary(self) -> dict:
+        """The record's `msa_telemetry` (module docstring)."""
+        layers = sorted(self.sums)
+        per: dict[str, list] = {m: [] for m in METRICS}
+        for layer in layers:
+            vals = self.sums[layer].cpu()
+            for i, m in enumerate(METRICS):
+                c = self.counts[layer][i]
+                per[m].append([round(float(v) / c, 4) for v in vals[i]] if c else None)
+        mean = {}
+        for m in METRICS:
+            cells = [v for row in per[m] if row is not None for v in row]
+            mean[m] = round(sum(cells) / len(cells), 4) if cells else None
+        if all(row is None for row in per["decode_overlap"]):
+            per["decode_overlap"] = None
+        return {"version": VERSION, "probe_queries": self.config.probe_queries,
+                "prefill_probes": self.prefill_probes, "decode_tokens": self.decode_tokens, "decode": "eager",
+                "layers": layers, **per, "mean": mean}
+
+
+def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,
+                  topk: int, scale: float) -> None:
+    """One MSA layer call: each request of the batch with an accumulator in `meta.telemetry` adds its probe rows.
+    q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding)."""
+    start = 0
+    for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
+        acc = meta.telemetry[r] if meta.telemetry is not None else None
+        if acc is not None and kl > acc.probe_from:
+            k = gather_kv(k_cache, meta.page_lists[r], kl)
+            acc.observe(layer, q[start:start + ql], k, kl - ql, ids[start:start + ql], k_cache.shape[2], topk, scale)
+        start += ql
