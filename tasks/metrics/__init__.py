@@ -2,6 +2,8 @@
 from tasks.metrics.citation import citation_scores, parse_citations
 from tasks.metrics.ranking import ndcg_at_k, parse_ranking
 from tasks.metrics.rouge import rouge_l
+from tasks.metrics.sets import parse_final_answer, set_f1
+from tasks.metrics.similarity import prefixed_similarity, strip_wrapping
 from tasks.metrics.text import (
     exact_match,
     normalize_answer,
@@ -12,5 +14,6 @@ from tasks.metrics.text import (
 
 __all__ = [
     "citation_scores", "exact_match", "ndcg_at_k", "normalize_answer", "parse_citations",
-    "parse_ranking", "rouge_l", "ruler_recall", "substring_exact_match", "token_f1",
+    "parse_final_answer", "parse_ranking", "prefixed_similarity", "rouge_l", "ruler_recall", "set_f1",
+    "strip_wrapping", "substring_exact_match", "token_f1",
 ]
