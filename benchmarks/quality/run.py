@@ -37,6 +37,10 @@ PRESETS: dict[str, Preset] = {
     "needles-dev": Preset("dev split (seed 7), 50 per cell: dense and the shipped indexer with more dense layers; "
                           "picks the best", Needles(("dense", "max-d7=+", "max-d7-20=+20", "max-d7-20-23=+20,23"),
                                                     n=50, seed=7, recall=0), pick=True),
+    "calibrate-dev": Preset("real-text dev split (seed 7, 40 per cell, 4K-8K): dense, msa-oracle, the shipped indexer and "
+                            "the --setting variants; picks the best", Needles(("dense", "msa-oracle", "msa"), n=40, seed=7,
+                                                                                lengths=(4096, 6144, 8192), recall=2),
+                            pick=True),
     "dense-runner": Preset("dense single needle through the runner on this machine (CPU: hours)",
                            runs=(dense("niah_single", "2k,4k", 20), dense("niah_single", "8k", 20),
                                  dense("niah_single_noise", "8k", 20),
@@ -53,7 +57,7 @@ PRESETS: dict[str, Preset] = {
 def markdown(rows: list[dict], p: Preset) -> str:
     lines = needles.markdown(rows) + runner_rows.markdown(rows) + prompts.markdown(rows)
     if p.pick and p.needles:
-        among = [s.split("=", 1)[0] for s in p.needles.settings if s != "dense"]
+        among = [s.split("=", 1)[0] for s in p.needles.settings if s not in ("dense", "msa-oracle")]
         best = needles.best_setting(needles.cells(rows), among)
         lines += ["", f"best on this split (summed accuracy, first listed wins ties): **{best}**"]
     return "\n".join(lines + [f"error: {r}" for r in rows if r["bench"] == "error"])

@@ -17,7 +17,9 @@ from engine.attention.meta import AttentionMeta
 from engine.attention.msa import CpuMaskedMSA, MSAAttention
 from engine.msa.recall import dense_probs
 
-_MAX_ELEMENTS = 1 << 24  # fp32 elements of the largest probability chunk [Tc, Hq, S]
+# fp32 elements of the largest probability chunk [Tc, Hq, S] per device type: 64 MiB on a CPU, 1 GiB on a GPU
+# (a long prompt's masses in a few large launches instead of hundreds of small ones)
+_MAX_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 28}
 
 
 def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk: int, scale: float) -> torch.Tensor:
@@ -31,7 +33,7 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         k = gather_kv(k_cache, meta.page_lists[r], kl)  # [Hkv, S, d]
         nb = -(-kl // block)
-        chunk = max(1, _MAX_ELEMENTS // (hq * kl))
+        chunk = max(1, _MAX_ELEMENTS.get(q.device.type, 1 << 24) // (hq * kl))
         for c0 in range(0, ql, chunk):
             c1 = min(ql, c0 + chunk)
             pos = kl - ql + torch.arange(c0, c1, device=q.device)
