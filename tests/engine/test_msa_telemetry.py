@@ -1,0 +1,137 @@
+"""Selection telemetry (engine/msa/telemetry.py) through the real engine: the default model with its shipped
+indexer and a tiny random MiniMax-M3 checkpoint, on the CPU (`CpuMaskedMSA`, `OracleMSA`, the reference
+path) and, marked gpu, the Triton path with eager decode (`GraphMSAAttention`)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import EngineError
+from engine.msa.telemetry import METRICS, SelectionTelemetry, TelemetryConfig, overlap
+
+PROMPT = 600  # 5 blocks of 128: top-4 must choose
+SHORT = 300  # 3 blocks: top-4 keeps every block
+TOKENS = 3  # the decode tokens stay in the prompt's last block
+
+
+def _ids(n: int, seed: int = 1, m3: bool = False) -> list[int]:
+    ids = torch.randint(100, 20000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [t % 256 + 8 for t in ids] if m3 else ids  # the tiny M3's byte tokens
+
+
+def _llm(kind: str, model: str = "smollm2-135m", device: str = "cpu", **kw):
+    from engine import LLM
+
+    return LLM(model, attention=kind, device=device, msa_overrides={"topk": 4}, progress=False, msa_telemetry=True,
+               kv_cache_tokens=4096, **kw)
+
+
+def _telemetry(llm, n: int = PROMPT, m3: bool = False) -> dict:
+    from engine import SamplingParams
+
+    out = llm.generate([_ids(n, m3=m3)], SamplingParams(max_tokens=TOKENS, ignore_eos=True))[0]
+    assert len(out.token_ids) == TOKENS
+    return out.metrics["msa_telemetry"]
+
+
+def _check_shape_and_range(tel: dict, llm) -> None:
+    layers = [i for i in range(llm.config.num_layers) if i not in llm.msa.dense_layers]
+    assert tel["layers"] == layers and tel["decode"] == "eager"
+    assert tel["prefill_probes"] == 64 and tel["decode_tokens"] == TOKENS - 1
+    for m in METRICS:
+        rows = tel[m]
+        assert len(rows) == len(layers), m
+        for i, row in enumerate(rows):
+            if m == "layer_overlap" and i == len(layers) - 1:
+                assert row is None  # no next MSA layer
+                continue
+            assert len(row) == llm.config.num_kv_heads and all(0.0 <= v <= 1.0 for v in row), (m, row)
+        assert 0.0 <= tel["mean"][m] <= 1.0
+
+
+@pytest.fixture(scope="module")
+def msa4():
+    """The default model with its shipped indexer at top-4 (CpuMaskedMSA)."""
+    return _llm("msa")
+
+
+def test_fields_present_and_in_range_on_the_default_model(msa4):
+    tel = _telemetry(msa4)
+    _check_shape_and_range(tel, msa4)
+    assert tel["mean"]["recall"] < 1.0  # 4 of 5 blocks: the shipped indexer misses some of the oracle's
+    # at most 3 whole blocks and the own block's keys up to the query: (3 * 128 + 601 % 128 + 1) / 602
+    assert tel["mean"]["keys_read"] <= (3 * 128 + 90) / 602 + 1e-4
+    assert tel["mean"]["mass"] <= tel["mean"]["mass_recall"] + 1e-4  # the oracle's blocks hold at most 1
+
+
+def test_every_block_kept_is_perfect_recall(msa4):
+    """Top-4 over 3 blocks: indexer and oracle keep every block; all keys are read; layers and tokens agree."""
+    tel = _telemetry(msa4, SHORT)
+    _check_shape_and_range(tel, msa4)
+    for m in ("recall", "mass_recall", "keys_read", "layer_overlap", "decode_overlap"):
+        assert tel["mean"][m] == 1.0, (m, tel["mean"][m])
+    assert tel["mean"]["mass"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_the_oracle_arm_has_recall_one_against_itself():
+    llm = _llm("msa-oracle")
+    tel = _telemetry(llm)
+    _check_shape_and_range(tel, llm)
+    assert tel["mean"]["recall"] == 1.0 and tel["mean"]["mass_recall"] == 1.0
+
+
+def test_minimax_m3_tiny_checkpoint(tmp_path):
+    """M3's own index branch (msa), the reference path (msa-ref, the same blocks) and the oracle (recall 1)."""
+    pytest.importorskip("transformers")
+    from engine.m3.testing import text_config, write_checkpoint
+
+    d = tmp_path / "tiny-m3"
+    write_checkpoint(d, text_config(num_layers=4))  # layers 1 and 3 sparse, top-4 of 128-token blocks
+    llm = _llm("msa", model=str(d))
+    tel = _telemetry(llm, 700, m3=True)
+    assert tel["layers"] == [1, 3] and len(tel["recall"][0]) == llm.config.num_kv_heads
+    for m in METRICS:
+        assert 0.0 <= tel["mean"][m] <= 1.0
+    assert tel["layer_overlap"][1] is None and tel["decode_overlap"] is not None
+    ref = _telemetry(_llm("msa-ref", model=str(d)), 700, m3=True)
+    for m in METRICS:
+        assert ref["mean"][m] == pytest.approx(tel["mean"][m], abs=2e-3), m
+    assert _telemetry(_llm("msa-oracle", model=str(d)), 700, m3=True)["mean"]["recall"] == 1.0
+
+
+def test_overlap_and_layer_overlap_of_identical_selections():
+    a = torch.tensor([[[0, 3, 4, -1], [1, 2, 4, -1]]])
+    assert overlap(a, a).tolist() == [[1.0, 1.0]]
+    assert overlap(a, torch.tensor([[[0, 2, 4, -1], [-1, -1, -1, -1]]]))[0].tolist() == pytest.approx([2 / 3, 0.0])
+    acc = SelectionTelemetry(prompt_len=300, config=TelemetryConfig(probe_queries=8))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(300, 4, 64, generator=g), torch.randn(2, 300, 64, generator=g)
+    ids = torch.tensor([0, 1, 2, -1], dtype=torch.int32).expand(300, 2, 4)
+    for layer in (2, 3, 5):  # the same selection in every layer
+        acc.observe(layer, q, k, 0, ids, 128, 4, 0.125)
+    s = acc.summary()
+    assert s["layers"] == [2, 3, 5] and s["layer_overlap"][:2] == [[1.0, 1.0], [1.0, 1.0]]
+    assert s["layer_overlap"][2] is None and s["prefill_probes"] == 8 and s["decode_overlap"] is None
+
+
+def test_bad_input_is_one_line():
+    from engine import LLM
+
+    with pytest.raises(EngineError, match="use attention msa, msa-ref or msa-oracle"):
+        LLM("smollm2-135m", attention="dense", msa_telemetry=True, progress=False)
+    with pytest.raises(ValueError, match="probe_queries must be >= 1"):
+        TelemetryConfig(probe_queries=0)
+
+
+@pytest.mark.gpu
+def test_gpu_triton_path_with_eager_decode():
+    """The Triton indexer (GraphMSAAttention) sees the blocks the CPU indexer sees, decode steps included."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cpu = _telemetry(_llm("msa"))
+    llm = _llm("msa", device="cuda", dtype="float32")
+    assert not llm.engine.use_cuda_graphs  # telemetry runs decode eagerly
+    gpu = _telemetry(llm)
+    _check_shape_and_range(gpu, llm)
+    assert gpu["mean"]["recall"] == pytest.approx(cpu["mean"]["recall"], abs=0.02)
+    assert _telemetry(_llm("msa-oracle", device="cuda", dtype="float32"))["mean"]["recall"] == 1.0
