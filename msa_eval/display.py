@@ -123,6 +123,11 @@ def report_tables(rep: Any) -> None:
         info(f"note: {n}", dim=True)
     if getattr(rep, "judge", None):
         judge_table(rep.judge)
+    if getattr(rep, "telemetry", None):  # msa_eval/report/telemetry.py
+        from msa_eval.report.telemetry import FIELDS
+
+        table("selection telemetry of the MSA arms (0-1; report.md says what each column is)", FIELDS,
+              [[r[f] for f in FIELDS] for r in rep.telemetry])
 
 
 def judge_table(rows: list[dict[str, Any]]) -> None:

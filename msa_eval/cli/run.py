@@ -47,18 +47,21 @@ from msa_eval.cli.options import arms_option, engine_kwargs, engine_options
 @click.option("--judge-opt", "judge_opts", multiple=True, metavar="KEY=VALUE",
               help="Judge backend option, repeatable (e.g. api_key_env=MY_KEY).")
 @engine_options
+@click.option("--telemetry/--no-telemetry", default=True, show_default=True,
+              help="Local MSA arms: record what the indexer chose per sample (block recall against the oracle, "
+                   "keys read, layer overlap; decode runs eagerly: a quality run, not a speed run).")
 @click.option("--dry-run", is_flag=True,
               help="Build prompts and show token counts (with --json: the prompts); load no model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
         mode, seed, concurrency, limit, out, backend_opts, judge, judge_opts, weights, kv_cache_tokens,
-        no_dequant_cache, tensor_parallel_size, dry_run, as_json) -> None:
+        no_dequant_cache, tensor_parallel_size, telemetry, dry_run, as_json) -> None:
     """Run SUITE (a name under configs/ or a YAML path) and print the side-by-side report."""
     from msa_eval.cli.run_setup import RunArgs, prepare
 
     args = RunArgs(suite, backend_kind, model, attention, base_url, reference, lengths, samples,
                    task_names, mode, seed, concurrency, limit, out, backend_opts,
-                   engine_kwargs(weights, kv_cache_tokens, no_dequant_cache, tensor_parallel_size))
+                   engine_kwargs(weights, kv_cache_tokens, no_dequant_cache, tensor_parallel_size), telemetry)
     judge_spec = None
     if judge:
         from msa_eval.judge import parse_judge_spec

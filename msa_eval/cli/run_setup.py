@@ -42,6 +42,7 @@ class RunArgs:
     out: Path | None
     backend_opts: tuple[str, ...] = ()
     engine_opts: dict[str, Any] = field(default_factory=dict)  # local backend: --weights etc. (under --backend-opt)
+    telemetry: bool = True  # local MSA arms record selection telemetry (engine/msa/telemetry.py)
 
     def __post_init__(self) -> None:
         from msa_eval.cli.options import parse_arms
@@ -81,9 +82,13 @@ def _backends(a: RunArgs, suite: SuiteConfig) -> tuple[BackendSpec, ...]:
         opts = {**a.engine_opts, **opts}
 
         def for_kind(k: AttentionKind) -> dict[str, Any]:
-            if not uses_indexer(k) or not (suite.msa_overrides or "msa_overrides" in opts):
-                return {x: v for x, v in opts.items() if x != "msa_overrides"}
-            return {**opts, "msa_overrides": {**suite.msa_overrides, **opts.get("msa_overrides", {})}}
+            if not uses_indexer(k):
+                return {x: v for x, v in opts.items() if x not in ("msa_overrides", "msa_telemetry")}
+            # telemetry needs one process: a tensor-parallel engine runs without it
+            tel = {"msa_telemetry": True} if a.telemetry and opts.get("tensor_parallel_size", 1) == 1 else {}
+            if not (suite.msa_overrides or "msa_overrides" in opts):
+                return {**tel, **opts}
+            return {**tel, **opts, "msa_overrides": {**suite.msa_overrides, **opts.get("msa_overrides", {})}}
 
         return tuple(BackendSpec("local", model, attention=k, options=for_kind(k)) for k in kinds)
     if not a.base_url or not a.model:

@@ -1,7 +1,7 @@
 """Build the side-by-side report: rows = tasks grouped by category, plus category means and
 the overall score (mean of category means, HELMET's "Ours"); columns = backend @ length;
 paired Δ (MSA - dense) with stratified bootstrap CIs and, per task, the exact McNemar / sign test
-p-value; efficiency and failure rates."""
+p-value; efficiency and failure rates; the selection telemetry of local MSA arms (`report.telemetry`)."""
 from __future__ import annotations
 
 import random
@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from msa_eval.report.stats import median, sign_test
+from msa_eval.report.telemetry import telemetry_layers, telemetry_rows
 from msa_eval.runner.records import SampleRecord
 
 CATEGORY_ORDER = ("recall", "rag", "rerank", "cite", "longqa", "summ", "icl")
@@ -25,6 +26,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # optional judge (never in rows/deltas): {judge, task, column, mean (0-100), n, unparsed, errors}
     judge: list[dict[str, Any]] = field(default_factory=list)
+    # selection telemetry of local MSA arms (msa_eval/report/telemetry.py): per arm x task x length, per layer
+    telemetry: list[dict[str, Any]] = field(default_factory=list)
+    telemetry_layers: list[dict[str, Any]] = field(default_factory=list)
 
     @staticmethod
     def col(backend: str, length: int) -> str:
@@ -95,7 +99,8 @@ def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0)
     notes = []
     if not _pairs(backends):
         notes.append("no MSA/dense pair among the backends: no deltas")
-    return Report(columns, rows, deltas, _efficiency(records, columns), notes, judge_rows(records, columns))
+    return Report(columns, rows, deltas, _efficiency(records, columns), notes, judge_rows(records, columns),
+                  telemetry_rows(records), telemetry_layers(records))
 
 
 def judge_rows(records: list[SampleRecord], columns) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from msa_common.atomic import atomic_write_json, atomic_write_text
 from msa_eval.report.build import Report
 from msa_eval.report.stats import format_p
+from msa_eval.report.telemetry import FIELDS as TELEMETRY_FIELDS
 
 
 def delta_columns(rep: Report) -> list[tuple[str, str, int]]:
@@ -61,6 +62,7 @@ def to_markdown(rep: Report) -> str:
                  "bootstrap 95% CI; p: two-sided exact McNemar test (0/1 scores) or sign test "
                  "(other scores) per task.")]
     out += [f"Note: {n}" for n in rep.notes]
+    out += telemetry_markdown(rep)
     if rep.judge:
         out += ["", "## Optional judge (not in the headline)", "",
                 ("A model's grade (rubric 0-3, shown as 0-100) of the open-ended outputs; it is not "
@@ -72,6 +74,25 @@ def to_markdown(rep: Report) -> str:
 
 
 JUDGE_FIELDS = ("judge", "task", "column", "mean", "n", "unparsed", "errors")
+
+
+def telemetry_markdown(rep: Report) -> list[str]:
+    """The selection telemetry table (local MSA arms), or nothing when no record has telemetry."""
+    if not rep.telemetry:
+        return []
+    out = ["", "## Selection telemetry (local MSA arms)", "",
+           ("What the indexer chose, per arm x task x length, means over samples of the mean over MSA layers "
+            "and KV groups (0-1), measured on the last P prompt positions and every decode token (decode run "
+            "eagerly: a telemetry run is a quality run, not a speed run). recall: share of the oracle's blocks "
+            "(top-k by true attention mass) the indexer chose; mass_recall: dense attention mass inside the "
+            "indexer's blocks / inside the oracle's; keys_read: keys read / keys dense attention reads; "
+            "local_share: dense mass on the query's own block; layer_overlap: blocks shared with the next MSA "
+            "layer; decode_overlap: blocks shared by consecutive decode tokens. Per layer: report.json "
+            "(telemetry_layers)."), "",
+           "| " + " | ".join(TELEMETRY_FIELDS) + " |", "|" + "---|" * len(TELEMETRY_FIELDS)]
+    for t in rep.telemetry:
+        out.append("| " + " | ".join("" if t[f] is None else str(t[f]) for f in TELEMETRY_FIELDS) + " |")
+    return out
 
 
 def to_csv(rep: Report) -> str:
@@ -92,7 +113,8 @@ def efficiency_csv(rep: Report) -> str:
 
 
 def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) -> dict[str, Path]:
-    """Write report.md / report.csv + efficiency.csv / report.json (those in `formats`)."""
+    """Write report.md / report.csv + efficiency.csv (+ judge.csv, telemetry.csv) / report.json (those in
+    `formats`)."""
     formats = formats or {"md", "csv", "json"}
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
@@ -110,6 +132,13 @@ def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) ->
             w.writeheader()
             w.writerows(rep.judge)
             atomic_write_text(paths["judge_csv"], buf.getvalue())
+        if rep.telemetry:
+            paths["telemetry_csv"] = out_dir / "telemetry.csv"
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=list(TELEMETRY_FIELDS))
+            w.writeheader()
+            w.writerows(rep.telemetry)
+            atomic_write_text(paths["telemetry_csv"], buf.getvalue())
     if "json" in formats:
         paths["json"] = out_dir / "report.json"
         atomic_write_json(paths["json"], rep.to_dict())

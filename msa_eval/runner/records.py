@@ -54,6 +54,8 @@ class SampleRecord(BaseModel):
     prompt_format: str | None = None
     # optional judge (msa_eval/judge.py): never part of `score`, the category means or the overall
     judge: dict[str, Any] | None = None
+    # local MSA arms: what the indexer chose (engine/msa/telemetry.py: per layer and KV group); None elsewhere
+    msa_telemetry: dict[str, Any] | None = None
 
 
 BAD_SUFFIX = ".bad"  # records.jsonl.bad: the exact bytes of the lines a repair took out
