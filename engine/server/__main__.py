@@ -38,13 +38,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
                     default=os.environ.get("MSA_EVAL_REASONING_PARSER") or d.reasoning_parser,
                     help="<think> blocks -> reasoning_content: auto (when the chat template has them), think, none")
     ap.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
+    ap.add_argument("--msa-topk", type=int, default=d.msa_topk,
+                    help="MSA arms: blocks of keys each query reads (default: the model's indexer setting)")
     ap.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     a = ap.parse_args(argv)
     config = ServerConfig(model=a.model, attention=a.attention, host=a.host, port=a.port, max_batch=a.max_batch,
                           max_queue=a.max_queue, max_model_len=a.max_model_len, device=a.device,
                           served_model_names=tuple(a.served_model_names), max_body_bytes=a.max_body_bytes,
                           weights=a.weights, kv_cache_tokens=a.kv_cache_tokens, dequant_cache=not a.no_dequant_cache,
-                          reasoning_parser=a.reasoning_parser, tensor_parallel_size=a.tensor_parallel_size)
+                          reasoning_parser=a.reasoning_parser, tensor_parallel_size=a.tensor_parallel_size,
+                          msa_topk=a.msa_topk)
     return config, a.log_level
 
 

@@ -3,15 +3,18 @@
 `LLMEngine` is not thread-safe and must be driven from ONE thread. `AsyncEngine` owns that
 thread: handlers put commands (add a request, abort one) on a thread-safe queue; the thread
 applies them, calls `engine.step()` while anything is unfinished, hands each `StepOutput`
-to the asyncio queue of its request through `loop.call_soon_threadsafe`, and `engine.finish`es
-the requests that ended (the engine's drive API; `LLMEngine.stream` is the same loop without
-the commands). All concurrent
-requests, scoring ones included (prompt log-probs are part of a request's prefill), are
-therefore batched by the engine's own scheduler (continuous batching).
+to the asyncio queue of its request through `loop.call_soon_threadsafe`, and drops the requests
+that ended (`engine.pop_finished`; `LLMEngine.stream` is the same loop without the commands).
+All concurrent requests, scoring ones included (prompt log-probs are part of a request's
+prefill), are therefore batched by the engine's own scheduler (continuous batching).
 
 Failures: the engine ends a request it could not serve with an error output, which reaches
 that request's stream only. Should `step()` itself raise (a bug in the engine's bookkeeping),
 every request in flight is failed and aborted, and the loop goes on serving new ones.
+
+Timings: the finishing event of a request carries its timing split (`engine.server.timings`: queue,
+prefill, decode, TTFT from the moment the route handed it over), taken from the engine's state of
+the request as the thread drops it.
 
 Admission control: a route reserves a slot before it answers (so a full server can still
 say 429 in the status line); at most `capacity` requests (running + waiting) hold slots. A
@@ -23,9 +26,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from engine.server.timings import request_timings
 
 
 class QueueFullError(RuntimeError):
@@ -40,6 +46,7 @@ class StreamEvent:
     error: str | None = None
     logprobs: list | None = None  # rows of the new tokens (engine.scoring.LogprobRow)
     prompt_logprobs: list | None = None  # on the first event of a request that asked for them
+    timings: dict[str, float] | None = None  # on the finishing event (engine.server.timings)
 
 
 @dataclass
@@ -62,6 +69,7 @@ class AsyncEngine:
         self._on_abort = on_abort  # called on the event loop when a request is abandoned unfinished
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}
+        self._submitted: dict[str, float] = {}  # engine thread only: when each held request was handed over
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -102,7 +110,7 @@ class AsyncEngine:
         with self._lock:
             self._sinks[request_id] = sink
         self.waiting_first_token.add(request_id)
-        self._commands.put(("add", request_id, prompt_ids, params))
+        self._commands.put(("add", request_id, prompt_ids, params, time.perf_counter()))
         finished = False
         try:
             while not finished:
@@ -132,12 +140,15 @@ class AsyncEngine:
     def _apply(self, cmd: tuple) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, request_id, prompt_ids, params = cmd
+            _, request_id, prompt_ids, params, submitted = cmd
             try:
                 self._engine.add_request(request_id, prompt_ids, params)
             except Exception as e:  # noqa: BLE001 - a bad request must not kill the loop
                 self._deliver(request_id, StreamEvent([], True, None, f"{type(e).__name__}: {e}"))
+                return
+            self._submitted[request_id] = submitted
         elif kind == "abort":
+            self._submitted.pop(cmd[1], None)
             try:
                 self._engine.abort(cmd[1])
             except Exception:  # noqa: BLE001 - already finished or never added
@@ -163,26 +174,32 @@ class AsyncEngine:
                 self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             for out in outputs:
+                timings = self._forget(out.request_id) if out.finished else None
                 self._deliver(out.request_id, StreamEvent(list(out.new_token_ids), bool(out.finished),
                                                           out.finish_reason, out.error, out.logprobs,
-                                                          out.prompt_logprobs))
-                if out.finished:
-                    self._forget(out.request_id)
+                                                          out.prompt_logprobs, timings))
             if self._on_step is not None:
                 self._on_step(self._engine)
 
-    def _forget(self, request_id: str) -> None:
-        """Drop a finished request from the engine (`finish`; its events already went to the stream, an
-        ended-with-error request's error too, so what `finish` returns or raises is not needed here)."""
+    def _forget(self, request_id: str) -> dict[str, float] | None:
+        """Drop a finished request from the engine (`pop_finished`: its tokens and an ended-with-error
+        request's error go out in its events, so the engine's `finish` result is not needed) and
+        return its timing split (None when the engine does not hold it)."""
+        submitted = self._submitted.pop(request_id, None)
         try:
-            self._engine.finish(request_id)
-        except Exception:  # noqa: BLE001 - its end (or error) was already delivered
-            pass
+            seq = self._engine.pop_finished(request_id)
+        except KeyError:  # never added, or already dropped
+            return None
+        try:
+            return request_timings(seq, submitted)
+        except Exception:  # noqa: BLE001 - timings are a report, never a reason to lose the answer
+            return None
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
             ids = list(self._sinks)
         for request_id in ids:
+            self._submitted.pop(request_id, None)
             try:
                 self._engine.abort(request_id)
             except Exception:  # noqa: BLE001 - already finished or never added

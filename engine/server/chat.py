@@ -4,6 +4,8 @@ Answers go through `engine.server.chatoutput`: reasoning blocks become `reasonin
 calls `tool_calls`. Streamed, text deltas are sent as soon as they are safe (engine.textstream,
 then chatoutput: with tools offered, content from where a call may begin is held to the end, when
 it is sent as content or as tool_calls deltas); the streamed fields equal the non-streamed ones.
+The server's timing split goes out in `msa_eval_timings` (engine.server.timings): in the body, or in
+the last chunk (the usage chunk when `stream_options.include_usage`, else the finish_reason chunk).
 """
 from __future__ import annotations
 
@@ -81,6 +83,7 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request, st
     return ChatCompletion(
         id=request_id, created=int(time.time()), model=req.model, usage=_usage(gen),
         choices=[ChatChoice(index=0, message=message, finish_reason=_finish(parsed, gen))],
+        msa_eval_timings=gen.timings,
     )
 
 
@@ -95,9 +98,10 @@ def _event(obj) -> str:
 async def _sse(gen: Generation, model: str, parser: ChatOutputParser, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
 
-    def chunk(delta: ChatDelta, finish: str | None = None) -> str:
+    def chunk(delta: ChatDelta, finish: str | None = None, timings: dict[str, float] | None = None) -> str:
         return _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model,
-                                          choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)]))
+                                          choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                                          msa_eval_timings=timings))
 
     yield chunk(ChatDelta(role="assistant", content=""))
     try:
@@ -114,8 +118,8 @@ async def _sse(gen: Generation, model: str, parser: ChatOutputParser, include_us
     except ApiError as e:  # the status line is already sent: report in-band, OpenAI style
         yield f"data: {json.dumps(e.body())}\n\n"
         return
-    yield chunk(ChatDelta(), finish)
+    yield chunk(ChatDelta(), finish, None if include_usage else gen.timings)
     if include_usage:
         yield _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model, choices=[],
-                                         usage=_usage(gen)))
+                                         usage=_usage(gen), msa_eval_timings=gen.timings))
     yield "data: [DONE]\n\n"

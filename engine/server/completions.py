@@ -9,6 +9,9 @@ a long scoring request never holds the engine; entry 0 is None (no context). Gen
 logprobs come from the logits each token was sampled from: log p under the model's full
 distribution, before temperature/top-p. max_tokens=0 with echo scores the prompt only.
 Several prompts in one request become several choices; streaming takes one prompt only.
+The server's timing split goes out in `msa_eval_timings` (engine.server.timings): in the body (one
+prompt), in each choice (several), or streamed in the last chunk (the usage chunk with
+`stream_options.include_usage`, else the finish_reason chunk).
 """
 from __future__ import annotations
 
@@ -88,7 +91,7 @@ def _engine_params(state: ServingState, req: CompletionRequest, max_new: int) ->
 
 
 async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_ids: list[int],
-               gen: Generation | None, http_request: Request) -> tuple[CompletionChoice, int]:
+               gen: Generation | None, http_request: Request, own_timings: bool) -> tuple[CompletionChoice, int]:
     text, gen_ids, finish = "", [], "length"
     if gen is not None:
         text = await gen.run(http_request)
@@ -99,7 +102,9 @@ async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_i
         ids = (prompt_ids if req.echo else []) + gen_ids
         rows = ((gen.prompt_logprobs or []) if req.echo and gen else []) + (gen.token_logprobs if gen else [])
         logprobs = _logprobs(state, ids, rows[:len(ids)], 0)
-    return CompletionChoice(index=index, text=prefix + text, finish_reason=finish, logprobs=logprobs), len(gen_ids)
+    timings = gen.timings if own_timings and gen is not None else None
+    return CompletionChoice(index=index, text=prefix + text, finish_reason=finish, logprobs=logprobs,
+                            msa_eval_timings=timings), len(gen_ids)
 
 
 async def completions(req: CompletionRequest, http_request: Request, state: ServingState):
@@ -126,7 +131,8 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
                 g.release()
         raise
     try:
-        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request)
+        several = len(prompts) > 1  # each choice carries its own timings; one prompt: the body does
+        results = await asyncio.gather(*(_one(state, req, i, p, g, http_request, several)
                                          for i, (p, g) in enumerate(zip(prompts, gens, strict=True))))
     finally:
         for g in gens:
@@ -134,19 +140,24 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
                 g.release()
     prompt_tokens = sum(len(p) for p in prompts)
     completion_tokens = sum(n for _, n in results)
+    single = gens[0] if len(gens) == 1 else None
     return Completion(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=req.model,
                       choices=[c for c, _ in results],
                       usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                  total_tokens=prompt_tokens + completion_tokens))
+                                  total_tokens=prompt_tokens + completion_tokens),
+                      msa_eval_timings=single.timings if single is not None else None)
 
 
 async def _sse(gen: Generation, model: str, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
 
-    def chunk(text: str, finish: str | None) -> str:
+    def chunk(text: str, finish: str | None, timings: dict[str, float] | None = None) -> str:
         c = Completion(id=gen.request_id, created=created, model=model,
-                       choices=[CompletionChoice(index=0, text=text, finish_reason=finish)])
-        return f"data: {c.model_dump_json()}\n\n"
+                       choices=[CompletionChoice(index=0, text=text, finish_reason=finish)], msa_eval_timings=timings)
+        drop: dict = {"choices": {"__all__": {"msa_eval_timings"}}}  # one prompt: the chunk carries them
+        if timings is None:
+            drop["msa_eval_timings"] = True
+        return f"data: {c.model_dump_json(exclude=drop)}\n\n"
 
     try:
         async for piece in gen.deltas():
@@ -154,10 +165,11 @@ async def _sse(gen: Generation, model: str, include_usage: bool) -> AsyncIterato
     except ApiError as e:
         yield f"data: {json.dumps(e.body())}\n\n"
         return
-    yield chunk("", gen.finish_reason or "stop")
+    yield chunk("", gen.finish_reason or "stop", None if include_usage else gen.timings)
     if include_usage:
         p, c = len(gen.prompt_ids), len(gen.token_ids)
         u = Completion(id=gen.request_id, created=created, model=model, choices=[],
-                       usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c))
+                       usage=Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c),
+                       msa_eval_timings=gen.timings)
         yield f"data: {u.model_dump_json()}\n\n"
     yield "data: [DONE]\n\n"

@@ -28,6 +28,7 @@ class ServerConfig:
     dequant_cache: bool = True  # keep a GGUF's dequantized weights for the next load
     tensor_parallel_size: int = 1  # engine processes the model runs over (engine.parallel)
     reasoning_parser: ReasoningParser = "auto"  # <think> blocks -> reasoning_content: auto = when the template has them
+    msa_topk: int | None = None  # MSA arms: blocks each query reads (engine msa_overrides topk); None: the model's
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0:
@@ -37,6 +38,8 @@ class ServerConfig:
         if self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
+        if self.msa_topk is not None and (isinstance(self.msa_topk, bool) or self.msa_topk < 1):
+            raise ValueError(f"msa_topk must be >= 1, got {self.msa_topk}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
 
@@ -45,4 +48,5 @@ class ServerConfig:
         return dict(model=self.model, attention=self.attention, device=self.device, dtype=self.dtype,
                     max_model_len=self.max_model_len, max_num_seqs=self.max_batch, weights=self.weights,
                     kv_cache_tokens=self.kv_cache_tokens, dequant_cache=self.dequant_cache,
-                    tensor_parallel_size=self.tensor_parallel_size)
+                    tensor_parallel_size=self.tensor_parallel_size,
+                    msa_overrides={"topk": self.msa_topk} if self.msa_topk is not None else None)

@@ -26,6 +26,7 @@ class Generation:
     the params asked for them, `prompt_logprobs` and `token_logprobs` (one row per generated token,
     possibly past a stop string: cut them to `token_ids`). An engine error on this request raises
     `ApiError` 500 (code engine_error) from `deltas()`; other requests are not affected.
+    `timings`: the server's timing split (`engine.server.timings`), None until the engine finished it.
     """
 
     def __init__(self, state: ServingState, request_id: str, prompt_ids: list[int], params: Any,
@@ -36,6 +37,7 @@ class Generation:
         self.ttft_s: float | None = None
         self.prompt_logprobs: list | None = None
         self.token_logprobs: list = []
+        self.timings: dict[str, float] | None = None
         state.engine.reserve()  # QueueFullError -> 429 before any byte is sent
         self._reserved = True
 
@@ -60,6 +62,8 @@ class Generation:
         events = self.state.engine.stream(self.request_id, self.prompt_ids, self.params)
         try:
             async for ev in events:
+                if ev.timings is not None:
+                    self.timings = ev.timings
                 if ev.error:
                     raise ApiError(500, f"the engine failed on this request: {ev.error}", code="engine_error")
                 if ev.prompt_logprobs is not None:

@@ -206,6 +206,10 @@ class CompletionRequest(_SamplingFields):
 
 
 # ---------------------------------------------------------------- responses
+# msa_eval_timings: the server's timing split of the request (engine.server.timings), an extension field
+Timings = dict[str, float] | None
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -233,6 +237,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    msa_eval_timings: Timings = None
 
 
 class DeltaToolCall(BaseModel):
@@ -263,6 +268,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    msa_eval_timings: Timings = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -279,6 +285,7 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None = None
+    msa_eval_timings: Timings = None  # with several prompts: each choice's own
 
 
 class Completion(BaseModel):
@@ -288,6 +295,7 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    msa_eval_timings: Timings = None  # with one prompt
 
 
 class ModelCard(BaseModel):
