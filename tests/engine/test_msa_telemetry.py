@@ -1,6 +1,7 @@
 """Selection telemetry (engine/msa/telemetry.py) through the real engine: the default model with its shipped
 indexer and a tiny random MiniMax-M3 checkpoint, on the CPU (`CpuMaskedMSA`, `OracleMSA`, the reference
-path) and, marked gpu, the Triton path with eager decode (`GraphMSAAttention`)."""
+path) and, marked gpu, the Triton path with eager decode (`GraphMSAAttention`) on random Llama-family and M3
+stacks."""
 from __future__ import annotations
 
 import pytest
@@ -123,22 +124,27 @@ def test_bad_input_is_one_line():
         TelemetryConfig(probe_queries=0)
 
 
-def _random_engine(device: str, kind: str):
-    """A random 4-layer Llama-family stack with random index projections on layers 1-3, on `device` in fp32,
-    telemetry on (the same weights on every device: seeded)."""
+def _random_engine(device: str, kind: str, dtype: torch.dtype = torch.float32, m3: bool = False):
+    """A random 4-layer stack on `device` in `dtype`, telemetry on (seeded: the same weights on every device):
+    Llama-family with random index projections on layers 1-3, or (`m3`) a tiny MiniMax-M3 with its own index
+    branch (layers 1 and 3 sparse, top-4)."""
     from engine.attention import make_attention
-    from engine.config import ModelConfig
+    from engine.config import ModelConfig, from_hf_config
     from engine.kv_cache import CacheConfig, KVCache
     from engine.llm_engine import LLMEngine
+    from engine.m3.testing import text_config
     from engine.scheduler import SchedulerConfig
     from engine.testing import _NoTokenizer, random_indexer, random_model
 
-    cfg = ModelConfig(arch="llama", vocab_size=1000, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2,
-                      head_dim=64, intermediate_size=512, max_position=4096)
-    model = random_model(cfg, device, torch.float32, seed=0)
+    if m3:
+        cfg = from_hf_config({"model_type": "minimax_m3_vl_text", **text_config(num_layers=4, vocab=1000)})
+    else:
+        cfg = ModelConfig(arch="llama", vocab_size=1000, hidden_size=256, num_layers=4, num_heads=8,
+                          num_kv_heads=2, head_dim=64, intermediate_size=512, max_position=4096)
+    model = random_model(cfg, device, dtype, seed=0)
     torch.manual_seed(1)
-    ix = random_indexer(cfg, device, torch.float32, topk=4, dense_layers=(0,))
-    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CacheConfig(128, 32, torch.float32), device,
+    ix = model.indexer(topk=4) if m3 else random_indexer(cfg, device, dtype, topk=4, dense_layers=(0,))
+    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CacheConfig(128, 32, dtype), device,
                     index_dim=ix.config.d_idx, index_layers=ix.layers)
     return LLMEngine(model, _NoTokenizer(), make_attention(kind, device, cfg, ix), cache, SchedulerConfig(4, 2048),
                      4096, torch.device(device), telemetry=TelemetryConfig())
@@ -151,29 +157,26 @@ def _engine_telemetry(eng, n: int = 700) -> dict:
     ids = [t % 1000 for t in _ids(n)]
     for _ in eng.stream([Request("r", ids, SamplingParams(max_tokens=TOKENS, ignore_eos=True))]):
         pass
-    return eng.pop_finished("r").metrics()["msa_telemetry"]
+    seq = eng.pop_finished("r")
+    if seq.error is not None:
+        raise seq.error
+    return seq.metrics()["msa_telemetry"]
 
 
 @pytest.mark.gpu
-def test_gpu_triton_path_with_eager_decode(tmp_path):
+def test_gpu_triton_path_with_eager_decode():
     """On a GPU, `msa` (GraphMSAAttention, Triton) and `msa-oracle` record telemetry with decode run eagerly, for
-    a Llama-family stack and a tiny M3 checkpoint; the Triton indexer's blocks match the CPU reference's."""
+    a Llama-family stack and a tiny M3; the Triton indexer's blocks match the torch reference's (msa-ref)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from engine.gpu.msa_graph import GraphMSAAttention
 
-    eng = _random_engine("cuda", "msa")
-    assert isinstance(eng.attention, GraphMSAAttention) and not eng.use_cuda_graphs  # eager with telemetry
-    gpu, cpu = _engine_telemetry(eng), _engine_telemetry(_random_engine("cpu", "msa-ref"))
-    assert gpu["layers"] == [1, 2, 3] and gpu["decode_tokens"] == TOKENS - 1
-    for m in METRICS:
-        assert 0.0 <= gpu["mean"][m] <= 1.0 and gpu["mean"][m] == pytest.approx(cpu["mean"][m], abs=0.05), m
-    assert _engine_telemetry(_random_engine("cuda", "msa-oracle"))["mean"]["recall"] == 1.0
-    pytest.importorskip("transformers")
-    from engine.m3.testing import text_config, write_checkpoint
-
-    write_checkpoint(tmp_path / "m3", text_config(num_layers=4))
-    llm = _llm("msa", model=str(tmp_path / "m3"), device="cuda", dtype="float32")
-    tel = _telemetry(llm, 700, m3=True)
-    assert tel["layers"] == [1, 3] and all(0.0 <= tel["mean"][m] <= 1.0 for m in METRICS)
-    assert tel["decode_tokens"] == TOKENS - 1 and tel["decode_overlap"] is not None
+    bf16 = torch.bfloat16  # the Triton kernels' dtype
+    for m3, layers in ((False, [1, 2, 3]), (True, [1, 3])):
+        eng = _random_engine("cuda", "msa", bf16, m3)
+        assert isinstance(eng.attention, GraphMSAAttention) and not eng.use_cuda_graphs  # eager with telemetry
+        gpu, ref = _engine_telemetry(eng), _engine_telemetry(_random_engine("cuda", "msa-ref", bf16, m3))
+        assert gpu["layers"] == layers and gpu["decode_tokens"] == TOKENS - 1 and gpu["decode_overlap"] is not None
+        for m in METRICS:
+            assert 0.0 <= gpu["mean"][m] <= 1.0 and gpu["mean"][m] == pytest.approx(ref["mean"][m], abs=0.05), m
+        assert _engine_telemetry(_random_engine("cuda", "msa-oracle", bf16, m3))["mean"]["recall"] == 1.0
