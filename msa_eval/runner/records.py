@@ -52,6 +52,7 @@ class SampleRecord(BaseModel):
     # how the prompt went out: completion | chat | chat-prefill | chat-prefill-ref |
     # chat-prefix-in-user (runner/requests.py); None in records written before it existed
     prompt_format: str | None = None
+    task_version: str | None = None  # the generator's version where the task has one (mrcr, graphwalks)
     # optional judge (msa_eval/judge.py): never part of `score`, the category means or the overall
     judge: dict[str, Any] | None = None
     # local MSA arms: what the indexer chose (engine/msa/telemetry.py: per layer and KV group); None elsewhere

@@ -68,6 +68,7 @@ def to_record(key: str, s: Sample, r: GenResult, prompt_format: str | None = Non
         latency_s=r.latency_s, ttft_s=r.ttft_s, prefill_s=r.prefill_s, decode_s=r.decode_s,
         attention_density=r.extra.get("attention_density"),
         peak_mem_bytes=r.extra.get("peak_mem_bytes"), error=r.error, prompt_format=prompt_format,
+        task_version=s.metadata.get("task_version"),
         msa_telemetry=r.extra.get("msa_telemetry"),
     )
 

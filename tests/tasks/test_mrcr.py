@@ -127,3 +127,14 @@ def test_a_length_too_short_names_the_minimum(ref_tok):
                                         r"pick a longer length$") as e:
         get_task("mrcr_8").build(0, BuildSpec(512, ref_tok, "chat"))
     assert int(re.search(r"needs > (\d+)", str(e.value)).group(1)) > 512
+
+
+def test_the_version_and_the_extra_metric_reach_the_records(ref_tok):
+    from msa_eval.backends.base import GenResult
+    from msa_eval.runner.run import to_record
+
+    s = get_task("mrcr").build(0, BuildSpec(2048, ref_tok, "chat"))
+    rec = to_record("local:dense", s, GenResult(id=s.id, text=s.answers[0]))
+    assert rec.task_version == VERSION and rec.score == 1.0 and rec.metrics == {"prefix_found": 1.0}
+    assert to_record("local:dense", get_task("niah_single").build(0, BuildSpec(2048, ref_tok, "chat")),
+                     GenResult(id="x", text="1")).task_version is None
