@@ -13,8 +13,9 @@ prefix, else the SequenceMatcher ratio of the rest, `tasks.metrics.prefixed_simi
 Chat mode sends the conversation as chat messages; completion mode as a User:/Assistant: transcript
 (`tasks/helmet/conversation.py`). The number of filler rounds sets the length; the last filler answer
 is extended by a cut continuation to close the gap to the target (`fit_turns`: two small calibration
-counts, then one exact count of the finished prompt at most lengths). Task ids: `mrcr_2`, `mrcr_4`, `mrcr_8` (that many needles) and `mrcr`, which cycles 2, 4, 8
-over the sample index (balanced at any sample count).
+counts, then one exact count of the finished prompt at most lengths). Task ids: `mrcr_2`, `mrcr_4`,
+`mrcr_8` (that many needles) and `mrcr`, which cycles 2, 4, 8 over the sample index (balanced at any
+sample count).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from tasks.common import rng_for
 from tasks.fitting import cut_to_tokens
 from tasks.helmet import text
 from tasks.helmet.conversation import ANSWER_PREFIX, Turn, fit_turns, render_turns
-from tasks.metrics import prefixed_similarity, strip_wrapping
+from tasks.metrics import prefixed_similarity, similarity, strip_wrapping
 
 VERSION = "mrcr-1"  # bump when the generated prompts or the grading change
 
@@ -153,11 +154,12 @@ class Mrcr(Task):
 
     def score(self, sample: Sample, output: str | None) -> dict[str, Any]:
         if not output or not output.strip():
-            return failed_score(self.metric, prefix_found=0.0)
+            return failed_score(self.metric, prefix_found=0.0, similarity=0.0)
         prefix, gold = sample.metadata["prefix"], sample.answers[0]
         found = strip_wrapping(output).startswith(prefix)
         return {"score": prefixed_similarity(output, gold, prefix), "metric": self.metric,
-                "parsed": strip_wrapping(output), "extraction_failed": not found, "prefix_found": float(found)}
+                "parsed": strip_wrapping(output), "extraction_failed": not found, "prefix_found": float(found),
+                "similarity": similarity(output, gold, prefix)}
 
 
 class Mrcr2(Mrcr):

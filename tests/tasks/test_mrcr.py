@@ -112,7 +112,7 @@ def test_grading_follows_openai_mrcr(ref_tok):
     for wrapped in (f"  {gold}\n", f'"{gold}"', f"```\n{gold}\n```", f"'{gold}'"):
         assert s.score(wrapped)["score"] == 1.0, wrapped
     assert s.score(body)["score"] == 0.0 and s.score(body)["extraction_failed"] is True  # no prefix: 0
-    assert s.score(body)["prefix_found"] == 0.0
+    assert s.score(body)["prefix_found"] == 0.0 and s.score(body)["similarity"] == 1.0  # copied, no prefix
     assert s.score("Sure! " + gold)["score"] == 0.0  # the response must start with the prefix
     half = s.score(prefix + body[: len(body) // 2])["score"]
     assert 0.3 < half < 0.9  # a partial copy scores in between
@@ -135,6 +135,6 @@ def test_the_version_and_the_extra_metric_reach_the_records(ref_tok):
 
     s = get_task("mrcr").build(0, BuildSpec(2048, ref_tok, "chat"))
     rec = to_record("local:dense", s, GenResult(id=s.id, text=s.answers[0]))
-    assert rec.task_version == VERSION and rec.score == 1.0 and rec.metrics == {"prefix_found": 1.0}
+    assert rec.task_version == VERSION and rec.score == 1.0 and rec.metrics == {"prefix_found": 1.0, "similarity": 1.0}
     assert to_record("local:dense", get_task("niah_single").build(0, BuildSpec(2048, ref_tok, "chat")),
                      GenResult(id="x", text="1")).task_version is None
