@@ -6,9 +6,17 @@ Built on the official `openai` client (`AsyncOpenAI`, its own retries off). What
     is scrubbed from every error message (`redact.py`: endpoints may echo it in error bodies).
     Local base URLs (127.0.0.1, localhost) work without one.
   * At most `max_concurrency` requests in flight; retries with exponential backoff and
-    jitter on 429, 5xx, timeouts and connection errors (`retry.py`); `timeout_s` bounds each
-    attempt end to end.
-  * Streaming (default) to measure time to first token; usage from the final stream chunk.
+    jitter on 429, 5xx, timeouts and connection errors (`retry.py`). Each attempt is bounded
+    end to end by `attempt_timeout_s`: `timeout_s` + `timeout_per_1k_tokens_s` per 1,000 tokens
+    of prompt + max_tokens (defaults 120 s + 5 s: 1K tokens 125 s, 128K 760 s, 1M 5.4 ks), so a
+    long prompt gets the time its prefill needs and a short one fails fast. Prompt tokens: the
+    token counter when there is one, else UTF-8 bytes / 3 (an upper estimate for BPE
+    vocabularies: about 4 bytes per English token, 3 per CJK character).
+  * Streaming (default) to measure time to first token (here, at the client); usage from the
+    final stream chunk; decode tokens/s follow from ttft_s and latency_s (report/latency.py).
+  * The server's own split when it sends one (`msa-eval serve`: the `msa_eval_timings` field,
+    engine.server.timings): queue_s, prefill_s, decode_s in the GenResult; its TTFT in
+    extra["server_ttft_s"] (ttft_s is the client's when streaming, else the server's).
   * Cost from the price table (`pricing.py`): unknown model -> cost None.
   * A response cache keyed by the request hash (`cache.py`) in `cache_dir` (the run
     directory): reruns replay finished requests, so they are reproducible and resumable.
@@ -62,7 +70,8 @@ class OpenAIBackendConfig:
     max_retries: int = 6
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
-    timeout_s: float = 600.0
+    timeout_s: float = 120.0  # each attempt: this + timeout_per_1k_tokens_s per 1K tokens (attempt_timeout_s)
+    timeout_per_1k_tokens_s: float = 5.0
     stream: bool = True
     context_window: int | None = None
     max_tokens_field: str = "max_tokens"  # or "max_completion_tokens" (newer OpenAI models, MiniMax)
@@ -71,13 +80,17 @@ class OpenAIBackendConfig:
     prices_path: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s", "timeout_s"):
+        for name in ("max_concurrency", "max_retries", "backoff_initial_s", "backoff_max_s", "timeout_s",
+                     "timeout_per_1k_tokens_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r}")
         if urlparse(self.base_url).scheme not in ("http", "https"):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
-        if self.max_concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+        for name in ("timeout_s", "timeout_per_1k_tokens_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.max_concurrency < 1 or self.max_retries < 0:
             raise ValueError("max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
         if self.max_tokens_field not in ("max_tokens", "max_completion_tokens"):
             raise ValueError("max_tokens_field must be 'max_tokens' or 'max_completion_tokens'")
@@ -141,21 +154,34 @@ class OpenAIBackend:
         c = self.cfg
         return {"backend": "openai", "base_url": c.base_url, "model": c.model, "api_key_env": c.api_key_env,
                 "stream": c.stream, "max_concurrency": c.max_concurrency, "max_retries": c.max_retries,
-                "timeout_s": c.timeout_s, "context_window": c.context_window, "chat_only": c.chat_only,
-                "response_cache": c.cache_dir is not None}
+                "timeout_s": c.timeout_s, "timeout_per_1k_tokens_s": c.timeout_per_1k_tokens_s,
+                "context_window": c.context_window, "chat_only": c.chat_only, "response_cache": c.cache_dir is not None}
 
     def count_tokens(self, text: str) -> int | None:
         return self._count(text) if self._count is not None else None
 
     # ---------------------------------------------------------------- one call
-    def _guard(self, text: str, max_tokens: int) -> None:
+    def attempt_timeout_s(self, prompt_tokens: int, max_tokens: int) -> float:
+        """Seconds one attempt may take: timeout_s + timeout_per_1k_tokens_s x (prompt + max_tokens) / 1000."""
+        return self.cfg.timeout_s + self.cfg.timeout_per_1k_tokens_s * (prompt_tokens + max_tokens) / 1000
+
+    def _prompt_tokens(self, text: str) -> int:
+        """The counter's count, else the upper estimate UTF-8 bytes / 3 (module docstring)."""
+        n = self.count_tokens(text)
+        return n if n is not None else -(-len(text.encode("utf-8", "surrogatepass")) // 3)
+
+    def _guard(self, text: str, max_tokens: int) -> float:
+        """Refuse a prompt that cannot fit the context window; return the attempt timeout for it."""
         window = self.cfg.context_window
-        n = self.count_tokens(text) if window else None
+        n = self.count_tokens(text) if self._count is not None else None
         if window and n is not None and n + max_tokens > window:
             raise ContextLimitError(f"prompt of {n} tokens + max_tokens {max_tokens} exceeds the context window "
                                     f"{window} of {self.cfg.model}; shorten the prompt or lower max_tokens")
+        if n is None:
+            n = self._prompt_tokens(text)
+        return self.attempt_timeout_s(n, max_tokens)
 
-    async def _call(self, endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, endpoint: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         key = request_key(self.cfg.base_url, endpoint, payload)
         if self._cache is not None and (hit := self._cache.get(key)) is not None:
             return {**hit, "cached": True}
@@ -165,7 +191,13 @@ class OpenAIBackend:
             self.retries += 1
 
         async def attempt() -> dict[str, Any]:
-            return await asyncio.wait_for(call_once(client, endpoint, payload, self.cfg.stream), self.cfg.timeout_s)
+            try:
+                return await asyncio.wait_for(call_once(client, endpoint, payload, self.cfg.stream, timeout_s),
+                                              timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"no answer within {timeout_s:.1f} s (timeout_s {self.cfg.timeout_s:g} + "
+                                   f"timeout_per_1k_tokens_s {self.cfg.timeout_per_1k_tokens_s:g} per 1K tokens of "
+                                   f"prompt + max_tokens)") from None
 
         async with sem:
             try:
@@ -216,17 +248,24 @@ class OpenAIBackend:
             endpoint, payload = "chat", {**sampling, "messages": messages}
             text = "\n".join(str(m.get("content") or "") for m in messages)
         try:
-            self._guard(text, r.max_tokens)
-            out = await self._call(endpoint, payload)
+            timeout_s = self._guard(text, r.max_tokens)
+            out = await self._call(endpoint, payload, timeout_s)
         except EndpointConfigError:
             raise
         except BackendError as e:
             return GenResult(id=r.id, text="", finish_reason="error", error=f"{type(e).__name__}: {e}")
+        server = out.get("server_timings") or {}  # cached results from before the field: none
+        extra = {"cost_usd": out["cost_usd"], "cached": out["cached"], "endpoint": endpoint,
+                 "system_fingerprint": out.get("system_fingerprint")}
+        if "ttft_s" in server:
+            extra["server_ttft_s"] = server["ttft_s"]
+        if "attention_density" in server:
+            extra["attention_density"] = server["attention_density"]
         return GenResult(id=r.id, text=out["text"], finish_reason=out["finish_reason"],
                          prompt_tokens=out["prompt_tokens"], completion_tokens=out["completion_tokens"],
-                         latency_s=out["latency_s"], ttft_s=out["ttft_s"],
-                         extra={"cost_usd": out["cost_usd"], "cached": out["cached"], "endpoint": endpoint,
-                                "system_fingerprint": out.get("system_fingerprint")})
+                         latency_s=out["latency_s"], ttft_s=out["ttft_s"] if out["ttft_s"] is not None
+                         else server.get("ttft_s"), queue_s=server.get("queue_s"),
+                         prefill_s=server.get("prefill_s"), decode_s=server.get("decode_s"), extra=extra)
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         return self._run(self.agenerate(requests))
@@ -236,8 +275,8 @@ class OpenAIBackend:
         payload = {**self._sampling(max_tokens, temperature, seed=seed), "messages": messages}
         if tools:
             payload["tools"] = tools
-        self._guard("\n".join(str(m.get("content") or "") for m in messages), max_tokens)
-        out = await self._call("chat", payload)
+        timeout_s = self._guard("\n".join(str(m.get("content") or "") for m in messages), max_tokens)
+        out = await self._call("chat", payload, timeout_s)
         return ChatResponse(content=out["text"] or None,
                             tool_calls=[ToolCall(c["id"], c["name"], c["arguments"]) for c in out["tool_calls"]],
                             finish_reason=out["finish_reason"], prompt_tokens=out["prompt_tokens"],
