@@ -44,10 +44,12 @@ class SampleRecord(BaseModel):
     finish_reason: str | None = None
     latency_s: float | None = None
     ttft_s: float | None = None
+    queue_s: float | None = None  # a server that reports its split (msa-eval serve): waiting before the prefill
     prefill_s: float | None = None
     decode_s: float | None = None
     attention_density: float | None = None
     peak_mem_bytes: int | None = None
+    cost_usd: float | None = None  # openai backend: from the price table (None: the model's price is unknown)
     error: str | None = None
     # how the prompt went out: completion | chat | chat-prefill | chat-prefill-ref |
     # chat-prefix-in-user (runner/requests.py); None in records written before it existed

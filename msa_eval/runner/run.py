@@ -65,9 +65,10 @@ def to_record(key: str, s: Sample, r: GenResult, prompt_format: str | None = Non
         answers=s.answers, output=None if failed else r.text, parsed=sc.get("parsed"),
         score=float(sc["score"]), metric=sc["metric"], metrics=extra,
         extraction_failed=bool(sc["extraction_failed"]), finish_reason=r.finish_reason,
-        latency_s=r.latency_s, ttft_s=r.ttft_s, prefill_s=r.prefill_s, decode_s=r.decode_s,
+        latency_s=r.latency_s, ttft_s=r.ttft_s, queue_s=r.queue_s, prefill_s=r.prefill_s, decode_s=r.decode_s,
         attention_density=r.extra.get("attention_density"),
-        peak_mem_bytes=r.extra.get("peak_mem_bytes"), error=r.error, prompt_format=prompt_format,
+        peak_mem_bytes=r.extra.get("peak_mem_bytes"), cost_usd=r.extra.get("cost_usd"), error=r.error,
+        prompt_format=prompt_format,
         task_version=s.metadata.get("task_version"),
         msa_telemetry=r.extra.get("msa_telemetry"),
     )
