@@ -38,7 +38,7 @@ FORMATS = ("poem", "short story", "riddle", "limerick", "song", "letter", "blog 
            "sonnet", "haiku", "diary entry")
 TOPICS = ("tapirs", "lighthouses", "volcanoes", "the moon", "bicycles", "honeybees", "glaciers", "libraries",
           "octopuses", "thunderstorms", "chess", "sourdough bread")
-_GLUED = re.compile(r"[a-z0-9.!?\"')\]][A-Z][a-z]|\[\d+\]")
+_GLUED = re.compile(r"[a-z0-9.!?\"')\]][A-Z]|\[\d+\]|\.\d")
 VERSE = frozenset({"poem", "limerick", "song", "sonnet", "haiku"})
 
 
@@ -54,8 +54,9 @@ def request(fmt: str, topic: str) -> str:
 
 @lru_cache(maxsize=8)
 def sentence_pool(seed: int) -> tuple[str, ...]:
-    """The essay sentences answers are drawn from: 6-30 words each, no footnote marks ('[4]'), none glued
-    to a heading or to the next sentence by the haystack's whitespace collapsing ('geeks."On', '2017The')."""
+    """The essay sentences answers are drawn from: 6-30 words each, no footnote marks ('[4]') or numbered
+    headings ('I/O.8 Efficiency'), none glued to a heading or to the next sentence by the haystack's
+    whitespace collapsing ('geeks."On', '2017The', 'around.I'); a few names go too ('JavaScript')."""
     return tuple(s for s in text.essay_haystack(seed) if 6 <= len(s.split()) <= 30 and not _GLUED.search(s))
 
 
