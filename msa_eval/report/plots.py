@@ -3,7 +3,6 @@ heat map per backend for the recall tasks that record a depth, and for MSA arms 
 the indexer's block recall by layer x needle depth."""
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 from msa_common.atomic import atomic_path

@@ -22,10 +22,11 @@ class ConfigError(MsaEvalError):
     """A bad suite file, flag value or run directory."""
 
 
-# backend options that change how, not what, is computed: not part of the config hash
+# backend options that change how, not what, is computed: not part of the config hash (msa_telemetry measures
+# the selection, not the answers)
 _NOT_IDENTITY = ("api_key", "api_key_env", "timeout", "timeout_s", "timeout_per_1k_tokens_s", "max_retries",
                  "max_concurrency", "backoff_initial_s", "backoff_max_s", "cache_dir", "stream", "kv_cache_tokens",
-                 "dequant_cache", "tensor_parallel_size", "msa_telemetry")  # telemetry measures the selection, not the answers
+                 "dequant_cache", "tensor_parallel_size", "msa_telemetry")
 
 
 @dataclass(frozen=True)
