@@ -123,6 +123,11 @@ def report_tables(rep: Any) -> None:
         info(f"note: {n}", dim=True)
     if getattr(rep, "judge", None):
         judge_table(rep.judge)
+    if getattr(rep, "latency", None):  # msa_eval/report/latency.py
+        from msa_eval.report.latency import FIELDS as LATENCY_FIELDS
+
+        table("latency and cost per backend x task x length (report.md says what each column is)", LATENCY_FIELDS,
+              [["" if r[f] is None else r[f] for f in LATENCY_FIELDS] for r in rep.latency])
     if getattr(rep, "telemetry", None):  # msa_eval/report/telemetry.py
         from msa_eval.report.telemetry import FIELDS
 

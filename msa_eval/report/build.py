@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from msa_eval.report.latency import latency_rows
 from msa_eval.report.stats import median, sign_test
 from msa_eval.report.telemetry import telemetry_layers, telemetry_rows
 from msa_eval.runner.records import SampleRecord
@@ -29,6 +30,8 @@ class Report:
     # selection telemetry of local MSA arms (msa_eval/report/telemetry.py): per arm x task x length, per layer
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     telemetry_layers: list[dict[str, Any]] = field(default_factory=list)
+    # latency and cost per backend x task x length (msa_eval/report/latency.py)
+    latency: list[dict[str, Any]] = field(default_factory=list)
 
     @staticmethod
     def col(backend: str, length: int) -> str:
@@ -100,7 +103,7 @@ def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0)
     if not _pairs(backends):
         notes.append("no MSA/dense pair among the backends: no deltas")
     return Report(columns, rows, deltas, _efficiency(records, columns), notes, judge_rows(records, columns),
-                  telemetry_rows(records), telemetry_layers(records))
+                  telemetry_rows(records), telemetry_layers(records), latency=latency_rows(records))
 
 
 def judge_rows(records: list[SampleRecord], columns) -> list[dict[str, Any]]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from msa_common.atomic import atomic_write_json, atomic_write_text
 from msa_eval.report.build import Report
+from msa_eval.report.latency import FIELDS as LATENCY_FIELDS
+from msa_eval.report.latency import latency_markdown
 from msa_eval.report.stats import format_p
 from msa_eval.report.telemetry import FIELDS as TELEMETRY_FIELDS
 
@@ -63,6 +65,7 @@ def to_markdown(rep: Report) -> str:
                  "(other scores) per task.")]
     out += [f"Note: {n}" for n in rep.notes]
     out += telemetry_markdown(rep)
+    out += latency_markdown(rep.latency)
     if rep.judge:
         out += ["", "## Optional judge (not in the headline)", "",
                 ("A model's grade (rubric 0-3, shown as 0-100) of the open-ended outputs; it is not "
@@ -113,8 +116,8 @@ def efficiency_csv(rep: Report) -> str:
 
 
 def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) -> dict[str, Path]:
-    """Write report.md / report.csv + efficiency.csv (+ judge.csv, telemetry.csv) / report.json (those in
-    `formats`)."""
+    """Write report.md / report.csv + efficiency.csv (+ judge.csv, telemetry.csv, latency.csv) / report.json
+    (those in `formats`)."""
     formats = formats or {"md", "csv", "json"}
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
@@ -132,6 +135,13 @@ def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) ->
             w.writeheader()
             w.writerows(rep.judge)
             atomic_write_text(paths["judge_csv"], buf.getvalue())
+        if rep.latency:
+            paths["latency_csv"] = out_dir / "latency.csv"
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=list(LATENCY_FIELDS))
+            w.writeheader()
+            w.writerows(rep.latency)
+            atomic_write_text(paths["latency_csv"], buf.getvalue())
         if rep.telemetry:
             paths["telemetry_csv"] = out_dir / "telemetry.csv"
             buf = io.StringIO()
