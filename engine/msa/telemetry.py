@@ -156,7 +156,7 @@ class SelectionTelemetry:
             self.prefill_probes += max(0, min(n, self.prompt_len - pos0))
             self.decode_tokens += max(0, n - max(0, self.prompt_len - pos0))
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, object]:
         """The record's `msa_telemetry` (module docstring)."""
         layers = sorted(self.sums)
         per: dict[str, list] = {m: [] for m in METRICS}
@@ -169,11 +169,12 @@ class SelectionTelemetry:
         for m in METRICS:
             cells = [v for row in per[m] if row is not None for v in row]
             mean[m] = round(sum(cells) / len(cells), 4) if cells else None
+        out: dict[str, object] = {"version": VERSION, "probe_queries": self.config.probe_queries,
+                                  "prefill_probes": self.prefill_probes, "decode_tokens": self.decode_tokens,
+                                  "decode": "eager", "layers": layers, **per, "mean": mean}
         if all(row is None for row in per["decode_overlap"]):
-            per["decode_overlap"] = None
-        return {"version": VERSION, "probe_queries": self.config.probe_queries,
-                "prefill_probes": self.prefill_probes, "decode_tokens": self.decode_tokens, "decode": "eager",
-                "layers": layers, **per, "mean": mean}
+            out["decode_overlap"] = None  # no decode token had a previous one
+        return out
 
 
 def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,

@@ -64,13 +64,13 @@ def recall_by_layer_depth(records: list[SampleRecord], backend: str, length: int
                           ) -> tuple[list[int], list[list[float | None]]]:
     """(MSA layers, grid[depth bin][layer] = mean recall) over the samples of `backend` at `length` that
     record a needle depth and telemetry; an empty cell is None."""
-    rs = [r for r in records if r.backend == backend and r.length == length and r.msa_telemetry
-          and r.depth is not None]
-    layers = sorted({layer for r in rs for layer in r.msa_telemetry.get("layers", [])})
+    rs = [(r.depth, r.msa_telemetry) for r in records if r.backend == backend and r.length == length
+          and r.msa_telemetry and r.depth is not None]
+    layers = sorted({layer for _, tel in rs for layer in tel.get("layers", [])})
     acc: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for r in rs:
-        i = min(DEPTH_BINS - 1, int(r.depth * DEPTH_BINS))
-        for layer, v in layer_means(r.msa_telemetry).items():
+    for depth, tel in rs:
+        i = min(DEPTH_BINS - 1, int(depth * DEPTH_BINS))
+        for layer, v in layer_means(tel).items():
             acc[(i, layer)].append(v)
     grid = [[_mean(acc[(i, layer)]) if acc.get((i, layer)) else None for layer in layers]
             for i in range(DEPTH_BINS)]
