@@ -3,7 +3,9 @@
 Completion-mode requests are tokenized as given; chat-mode requests go through the model's
 chat template (tools rendered the same way the server renders them), so `--backend local`
 and `--backend openai` against `msa-eval serve` see the identical token sequence.
-A batch is submitted at once and served by continuous batching.
+A batch is submitted at once and served by continuous batching. The engine's metrics other than the
+timings go to `GenResult.extra` (`attention_density`; with `msa_telemetry=True`, the MSA arms' selection
+telemetry `msa_telemetry`, engine/msa/telemetry.py, which the runner keeps in the record).
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_bad_input_is_one_line():
         TelemetryConfig(probe_queries=0)
 
 
-def _random_engine(device: str, kind: str, dtype: torch.dtype = torch.float32, m3: bool = False):
+def _random_engine(device: str, kind: str, dtype: torch.dtype = torch.float32, m3: bool = False, chunk: int = 2048):
     """A random 4-layer stack on `device` in `dtype`, telemetry on (seeded: the same weights on every device):
     Llama-family with random index projections on layers 1-3, or (`m3`) a tiny MiniMax-M3 with its own index
     branch (layers 1 and 3 sparse, top-4)."""
@@ -146,7 +146,7 @@ def _random_engine(device: str, kind: str, dtype: torch.dtype = torch.float32, m
     ix = model.indexer(topk=4) if m3 else random_indexer(cfg, device, dtype, topk=4, dense_layers=(0,))
     cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, CacheConfig(128, 32, dtype), device,
                     index_dim=ix.config.d_idx, index_layers=ix.layers)
-    return LLMEngine(model, _NoTokenizer(), make_attention(kind, device, cfg, ix), cache, SchedulerConfig(4, 2048),
+    return LLMEngine(model, _NoTokenizer(), make_attention(kind, device, cfg, ix), cache, SchedulerConfig(4, chunk),
                      4096, torch.device(device), telemetry=TelemetryConfig())
 
 
@@ -161,6 +161,15 @@ def _engine_telemetry(eng, n: int = 700) -> dict:
     if seq.error is not None:
         raise seq.error
     return seq.metrics()["msa_telemetry"]
+
+
+def test_chunked_prefill_measures_the_same_probes():
+    """Probes split over two prefill chunks (636..671 in the first of 672 tokens) give the one-chunk result."""
+    whole = _engine_telemetry(_random_engine("cpu", "msa"))
+    split = _engine_telemetry(_random_engine("cpu", "msa", chunk=672))
+    assert split["prefill_probes"] == whole["prefill_probes"] == 64 and split["layers"] == whole["layers"]
+    for m in METRICS:
+        assert split["mean"][m] == pytest.approx(whole["mean"][m], abs=1e-3), m
 
 
 @pytest.mark.gpu
