@@ -4,11 +4,13 @@ A conversation is a list of (role, content) turns ending with a user turn. Chat 
 messages; completion mode renders it as a transcript ("User: ...", "Assistant: ..." paragraphs) that
 ends with "Assistant:", which the model continues.
 
-`fit_turns` is `tasks.fitting.fit_pieces` for conversations: each turn's content is counted once per
-tokenizer (`piece_tokens`, memoised), the template's cost is linear in the number of turns (fixed part
-and per-turn part measured on two small exact counts), so the search adds counts instead of rendering;
-the chosen conversation is counted exactly and refitted with a shifted aim while it misses the target
-(the same aim, acceptance band and at most 4 exact counts as `fit_pieces`).
+`fit_turns` is `tasks.fitting.fit_pieces` for conversations: each turn's content comes as pieces
+split where the tokenizer splits anyway, each piece counted once per tokenizer (`piece_tokens`,
+memoised: a sentence reused across turns, samples and lengths is counted once); the template's cost is
+linear in the number of turns (fixed part and per-turn part measured on two small exact counts), so the
+search adds counts instead of rendering. The chosen conversation is counted exactly and refitted with a
+shifted aim while it misses the target (the same aim, acceptance band and at most 4 exact counts as
+`fit_pieces`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from typing import Any
 from tasks.base import BuildSpec, PromptMode, TaskError, TokenCounter, continue_chat_text
 from tasks.fitting import _largest, piece_tokens
 
-Turn = tuple[str, str]  # (role: "user" | "assistant", content)
+Pieces = tuple[str, ...]  # a turn's content, split where the tokenizer's pre-tokenizer splits anyway
+Turn = tuple[str, Pieces]  # (role: "user" | "assistant", content = "".join(pieces))
 _LABELS = {"user": "User", "assistant": "Assistant", "system": "System"}
 ANSWER_PREFIX = "Assistant:"  # what a completion-mode transcript ends with
 
@@ -27,8 +30,8 @@ ANSWER_PREFIX = "Assistant:"  # what a completion-mode transcript ends with
 def render_turns(turns: Sequence[Turn], mode: PromptMode) -> tuple[str | None, list[dict[str, Any]] | None]:
     """(prompt, messages): the transcript ending with "Assistant:", or the chat messages."""
     if mode == "chat":
-        return None, [{"role": r, "content": c} for r, c in turns]
-    return "".join(f"{_LABELS[r]}: {c}\n\n" for r, c in turns) + ANSWER_PREFIX, None
+        return None, [{"role": r, "content": "".join(c)} for r, c in turns]
+    return "".join(f"{_LABELS[r]}: {''.join(c)}\n\n" for r, c in turns) + ANSWER_PREFIX, None
 
 
 def count_turns(turns: Sequence[Turn], mode: PromptMode, tok: TokenCounter) -> int:
@@ -68,7 +71,7 @@ def fit_turns(
         return turns, count_turns(turns, spec.mode, tok)
 
     def content(turns: list[Turn]) -> int:
-        return sum(piece_tokens([c for _, c in turns], tok))
+        return sum(piece_tokens([p for _, c in turns for p in c], tok))
 
     first, first_tokens = exact(n_min, 0)
     if first_tokens > limit:

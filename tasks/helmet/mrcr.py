@@ -3,8 +3,8 @@
 A long synthetic conversation: the user asks "Write a {format} about {topic}." over and over, on 12
 formats x 12 topics (so requests repeat, and many share the needle's format or its topic), and the
 assistant answers each with sentences drawn from the Paul Graham essays (`tasks/loaders/essays.py`;
-about 40-120 tokens; verse formats broken into lines). 2, 4 or 8 identical needle requests sit at seeded
-positions, each with its own answer (no essay sentence of a needle's answer appears in any other
+about 40-120 tokens; verse formats one sentence a line). 2, 4 or 8 identical needle requests sit at
+seeded positions, each with its own answer (no essay sentence of a needle's answer appears in any other
 answer). The last user turn asks, in OpenAI-MRCR's words, "Prepend {10 random letters and digits} to
 the {i-th, as "1st"/"2nd"/"3rd"/"4th"...} (1 indexed) {format} about {topic}. Do not include any other
 text in your response." Gold = prefix + that answer; graded as OpenAI-MRCR grades (0 without the
@@ -29,7 +29,7 @@ from tasks.base import BuildSpec, Sample, Task, failed_score
 from tasks.common import rng_for
 from tasks.fitting import cut_to_tokens
 from tasks.helmet import text
-from tasks.helmet.conversation import ANSWER_PREFIX, Turn, fit_turns, render_turns
+from tasks.helmet.conversation import ANSWER_PREFIX, Pieces, Turn, fit_turns, render_turns
 from tasks.metrics import prefixed_similarity, similarity, strip_wrapping
 
 VERSION = "mrcr-1"  # bump when the generated prompts or the grading change
@@ -60,9 +60,10 @@ def sentence_pool(seed: int) -> tuple[str, ...]:
     return tuple(s for s in text.essay_haystack(seed) if 6 <= len(s.split()) <= 30 and not _GLUED.search(s))
 
 
-def _answer(rng: random.Random, pool: tuple[str, ...], fmt: str, banned: set[int], taken: set[int]) -> str:
+def _answer(rng: random.Random, pool: tuple[str, ...], fmt: str, banned: set[int], taken: set[int]) -> Pieces:
     """Pool sentences until 28-64 words (the last may run over), none in `banned`; their ids go into
-    `taken`. Verse formats are broken into lines of 5-8 words."""
+    `taken`. In pieces split where the tokenizer splits anyway: prose joins them with spaces, verse
+    formats put one sentence on each line."""
     wanted, count, picked = rng.randint(28, 64), 0, list[str]()
     while count < wanted:
         i = rng.randrange(len(pool))
@@ -71,15 +72,8 @@ def _answer(rng: random.Random, pool: tuple[str, ...], fmt: str, banned: set[int
         taken.add(i)
         picked.append(pool[i])
         count += len(pool[i].split())
-    body = " ".join(picked)
-    if fmt not in VERSE:
-        return body
-    words, lines = body.split(), []
-    while words:
-        k = rng.randint(5, 8)
-        lines.append(" ".join(words[:k]))
-        words = words[k:]
-    return "\n".join(lines)
+    sep = "\n" if fmt in VERSE else " "
+    return (picked[0], *(sep + x for x in picked[1:]))
 
 
 class Mrcr(Task):
@@ -104,7 +98,7 @@ class Mrcr(Task):
         prefix = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(10))
         question = (f"Prepend {prefix} to the {ordinal(asked + 1)} (1 indexed) {fmt} about {topic}. "
                     "Do not include any other text in your response.")
-        gold = prefix + needles[asked]
+        gold = prefix + "".join(needles[asked])
 
         r = random.Random(seed ^ 0x3C4)
         fillers: list[Turn] = []  # a prefix-stable stream: user and assistant turns, alternating
@@ -119,20 +113,20 @@ class Mrcr(Task):
                     f, t = r.choice([x for x in FORMATS if x != fmt]), topic
                 else:
                     f, t = r.choice(others)
-                fillers.extend([("user", request(f, t)), ("assistant", _answer(r, pool, f, needle_ids, set()))])
+                fillers.extend([("user", (request(f, t),)), ("assistant", _answer(r, pool, f, needle_ids, set()))])
             return fillers[:2 * n]
 
         t_rng = random.Random(seed ^ 0x7A1)
-        extension = "".join(" " + _answer(t_rng, pool, "prose", needle_ids, set()) for _ in range(4))  # tail text
+        extension = "".join(" " + "".join(_answer(t_rng, pool, "prose", needle_ids, set())) for _ in range(4))
 
         def make(n: int, tail: int) -> list[Turn]:
             turns = list(filler_turns(n))
-            if tail and turns:  # the last filler answer runs on to close the gap
-                turns[-1] = ("assistant", turns[-1][1] + cut_to_tokens(extension, tail, spec.tokenizer).rstrip())
+            if tail and turns:  # the last filler answer runs on (its tail text cut to a token count)
+                turns[-1] = ("assistant", (*turns[-1][1], cut_to_tokens(extension, tail, spec.tokenizer).rstrip()))
             for j in reversed(range(k)):  # needle j lands before needle j + 1 (equal positions included)
                 pos = 2 * round(fracs[j] * n)
-                turns[pos:pos] = [("user", request(fmt, topic)), ("assistant", needles[j])]
-            return turns + [("user", question)]
+                turns[pos:pos] = [("user", (request(fmt, topic),)), ("assistant", needles[j])]
+            return turns + [("user", (question,))]
 
         budget = spec.max_tokens or (len(spec.tokenizer.encode(gold)) * 5 // 4 + 16)
         fit = fit_turns(make, spec, budget, self.name, n_min=2, n_guess=16, tail_max=120)
