@@ -5,9 +5,9 @@ object passes its own kernel implementation to the kernels.
 | kind | CUDA | CPU |
 | --- | --- | --- |
 | `dense` | `GpuDenseAttention`: paged split-K decode kernel, SDPA prefill | `DenseAttention`: SDPA, batched decode |
-| `msa` | `GraphMSAAttention`: Triton kernels, decode plans | `CpuMaskedMSA`: reference indexers, masked SDPA |
+| `msa` | `GraphMSAAttention`: Triton kernels, decode plans | `CpuMaskedMSA`: `cpu_indexer`, `msa_cpu` (block-sparse) |
 | `msa-ref` | `MSAAttention(impl="torch")`: the kernels' references | the same |
-| `msa-oracle` | `GpuOracleMSA`: oracle selection, Triton attention | `OracleMSA`: oracle selection, masked SDPA |
+| `msa-oracle` | `GpuOracleMSA`: oracle selection, Triton attention | `OracleMSA`: oracle selection, `msa_cpu` |
 
 The CUDA objects of `dense` and `msa` are capturable (`supports_cuda_graphs`): the engine replays
 their decode steps from CUDA graphs.

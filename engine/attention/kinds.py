@@ -2,8 +2,8 @@
 from `AttentionKind`; `engine.attention.make_attention` turns a kind into the object the layers call.
 
 - `dense`: paged GQA attention over every key.
-- `msa`: MiniMax Sparse Attention through our kernels (Triton on a GPU; on a CPU the reference
-  indexers select and masked SDPA attends).
+- `msa`: MiniMax Sparse Attention through our kernels (Triton on a GPU; on a CPU `cpu_indexer`
+  selects and the block-sparse `msa_cpu` attends).
 - `msa-ref`: MSA through the kernels' torch references on any device (for checking).
 - `msa-oracle`: MSA's block budget chosen by the true attention mass (`engine.attention.oracle`): the
   best any indexer could do with the same blocks.

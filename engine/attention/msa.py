@@ -6,8 +6,8 @@ attention given (`engine.attention.make_attention` builds both for the device).
 `MSAAttention` calls the kernels with the implementation it was built with: `impl="torch"`
 (`--attention msa-ref`: the kernels' torch references, any device) or `impl="triton"` (CUDA; the
 base of `engine.gpu.msa_graph.GraphMSAAttention`, what `--attention msa` gets on a GPU).
-`CpuMaskedMSA` (`--attention msa` on a CPU): the reference indexers select and
-`msa_masked` attends (exact masked SDPA, as fast as dense).
+`CpuMaskedMSA` (`--attention msa` on a CPU): `cpu_indexer` selects (decode: the reference) and
+`msa_cpu` attends over the selected blocks only (exact, work proportional to the selection).
 
 Statistics per request (summed over layers) in `meta.stats`: `keys_read` (keys the layer's
 attention reads: `(n_valid - 1) * B + pos % B + 1` per query with `n_valid = min(k, pos // B + 1)`,
@@ -126,10 +126,18 @@ class MSAAttention:
 
 
 class CpuMaskedMSA(MSAAttention):
-    """`--attention msa` on the CPU: the reference indexers select, masked SDPA attends (`msa_masked`)."""
+    """`--attention msa` on the CPU: prefill chunks select through `cpu_indexer` (the reference's rule, only
+    the candidate blocks scored), decode steps through the decode reference; `msa_cpu` attends over the
+    selected blocks only."""
+
+    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
+        if meta.is_decode:
+            return super()._select(q, q_idx, k_cache, kic, meta)
+        from engine.attention.cpu_indexer import prefill_block_ids
+
+        return prefill_block_ids(q_idx, kic, meta, self.msa.topk)
 
     def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta) -> torch.Tensor:
-        from engine.attention.msa_masked import masked_sparse_attention
+        from engine.attention.msa_cpu import sparse_attention
 
-        # block = page (the kernels read the block size off the cache the same way)
-        return masked_sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, k_cache.shape[2])
+        return sparse_attention(q, k_cache, v_cache, meta, ids, self.scale)  # block = page, read off the cache

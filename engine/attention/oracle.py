@@ -56,7 +56,7 @@ class _OracleSelection:
 
 
 class OracleMSA(_OracleSelection, CpuMaskedMSA):
-    """`msa-oracle` on the CPU: oracle selection, masked SDPA over it."""
+    """`msa-oracle` on the CPU: oracle selection, the block-sparse CPU attention (`msa_cpu`) over it."""
 
 
 class GpuOracleMSA(_OracleSelection, MSAAttention):
