@@ -103,7 +103,7 @@ def parse_judge_spec(spec: str, options: dict[str, Any] | None = None) -> Backen
         from msa_eval.backends.endpoints import load_preset
 
         p = load_preset(rest)
-        return BackendSpec("openai", p.model, base_url=p.base_url, options=opts)
+        return BackendSpec("openai", p.model, base_url=p.base_url, options={**p.backend_options(), **opts})
     raise JudgeError(f"bad --judge {spec!r}: use local[:MODEL[:ATTENTION]], openai:MODEL@BASE_URL "
                      "or preset:NAME")
 

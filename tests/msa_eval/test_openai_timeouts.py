@@ -79,3 +79,21 @@ def test_cli_refuses_a_zero_allowance_in_one_line(tmp_path):
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert "timeout_per_1k_tokens_s must be > 0 seconds, got 0" in lines[-1], p.stderr
+
+
+def test_endpoint_presets_carry_the_timeouts_and_refuse_a_zero_one(tmp_path):
+    from msa_eval.backends.endpoints import load_preset
+    from msa_eval.errors import MsaEvalError
+    from msa_eval.judge import parse_judge_spec
+
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("base_url: http://127.0.0.1:9/v1\nmodel: m\ntimeout_s: 30\ntimeout_per_1k_tokens_s: 12.5\n")
+    assert load_preset(str(slow)).backend_options() == {"timeout_s": 30, "timeout_per_1k_tokens_s": 12.5}
+    spec = parse_judge_spec(f"preset:{slow}", {"timeout_s": 60})  # the command line wins over the preset
+    assert spec.options == {"timeout_s": 60, "timeout_per_1k_tokens_s": 12.5}
+    assert load_preset("minimax").backend_options() == {}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base_url: http://127.0.0.1:9/v1\nmodel: m\ntimeout_per_1k_tokens_s: 0\n")
+    with pytest.raises(MsaEvalError, match="timeout_per_1k_tokens_s: Input should be greater than 0") as e:
+        load_preset(str(bad))
+    assert "\n" not in str(e.value)
