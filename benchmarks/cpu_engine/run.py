@@ -1,6 +1,7 @@
 """CPU speed of our engine against HF transformers, same machine, same process, interleaved.
 
     OMP_NUM_THREADS=1 python -m benchmarks.cpu_engine.run --preset decode [--json OUT]
+    OMP_NUM_THREADS=2 python -m benchmarks.cpu_engine.run --preset msa-prefill   # dense vs MSA (msa.py)
 
 Default model. Prefill tokens/s at 512 and 4096 prompt tokens; decode tokens/s at batch 1 and
 aggregate at batch 8 (after a `context`-token prompt, greedy, EOS ignored). Engines: ours in each
@@ -38,6 +39,10 @@ class Preset:
     threads: int = 1
     context: int = 128  # prompt tokens before decoding
     new_tokens: int = 32
+    arms: tuple[tuple[str, int | None], ...] = ()  # (attention, MSA top-k): ours only, dense vs MSA (msa.py)
+
+
+MSA_ARMS = (("dense", None), ("msa", 4), ("msa", 16))
 
 
 PRESETS: dict[str, Preset] = {
@@ -48,6 +53,12 @@ PRESETS: dict[str, Preset] = {
     "prefill": Preset("prefill at 512 and 4096 tokens, 1 thread, median of 3", ("prefill_512", "prefill_4096")),
     "full": Preset("prefill and decode, 1 thread, median of 3",
                    ("prefill_512", "prefill_4096", "decode_b1", "decode_b8")),
+    "msa-prefill": Preset("whole-prompt prefill at 2K, 4K and 8K, dense vs msa top-k 4 and 16, fp32 and q4, 2 threads, "
+                          "one timed run (seconds)", ("prefill_2048", "prefill_4096", "prefill_8191"),
+                          weights=("fp32", "q4"), hf_dtypes=(), repeats=1, threads=2, arms=MSA_ARMS),
+    "msa-decode": Preset("decode at batch 1 and 8 after a 4K prompt, dense vs msa top-k 4 and 16, fp32 and q4, "
+                         "2 threads, one timed run", ("decode_b1", "decode_b8"), weights=("fp32", "q4"), hf_dtypes=(),
+                         repeats=1, threads=2, context=4096, new_tokens=16, arms=MSA_ARMS),
     "ci": Preset("tiny: ours fp32 and q4 vs HF fp32, batch 1 and 2, 4 new tokens (seconds)",
                  ("prefill_64", "decode_b1", "decode_b2"), weights=("fp32", "q4"), hf_dtypes=("float32",),
                  repeats=1, context=16, new_tokens=4),
@@ -182,9 +193,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(p.threads)
     rows: list[dict] = [env_row(args.preset, ("transformers",), threads=p.threads, repeats=p.repeats,
                                 context=p.context, new_tokens=p.new_tokens)]
-    run_sections([("cpu_engine", lambda: run(p) + [{"bench": "end", "loadavg_1m": os.getloadavg()[0]}])],
+    from benchmarks.cpu_engine import msa
+
+    run_p, markdown_p = (msa.run, msa.markdown) if p.arms else (run, markdown)
+    run_sections([("cpu_engine", lambda: run_p(p) + [{"bench": "end", "loadavg_1m": os.getloadavg()[0]}])],
                  rows, args.json)
-    print(markdown(rows, p))
+    print(markdown_p(rows, p))
     print(f"load average {rows[0]['loadavg_1m']:.2f} at start, {rows[-1].get('loadavg_1m', 0):.2f} at end; "
           f"{p.threads} torch thread(s)")
 
