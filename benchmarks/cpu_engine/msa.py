@@ -4,7 +4,8 @@ Default model, ours only. Per weight mode, one `LLM` per arm (`dense`, `msa` at 
 together; every repeat runs every arm in turn at the same metric (interleaved, so load from other
 processes hits all arms alike); each figure is the median of the repeats after one short warm-up per
 arm. Prefill: the wall time of `LLM.generate(prompt, max_tokens=1)` on one whole prompt (chunked by the
-engine's default 2048-token budget), reported as seconds and as the ratio to dense. Decode: tokens/s as
+engine's default 2048-token budget), reported as seconds and as the ratio to dense: wall seconds, or
+with `clock="cpu"` (one thread) the process's CPU seconds, which other processes' load barely moves. Decode: tokens/s as
 in `run.py` (b x (new - 1) over the time from the first sampled token to the last) after a
 `context`-token prompt per request.
 """
@@ -39,14 +40,14 @@ def _warm(llm) -> None:
     llm.generate([prompt_ids(300, 1)], SamplingParams(max_tokens=2, ignore_eos=True))
 
 
-def _prefill_seconds(llm, n: int) -> float:
+def _prefill_seconds(llm, n: int, clock: str) -> float:
     from benchmarks.cpu_engine.run import prompt_ids
     from engine import SamplingParams
 
     ids = prompt_ids(n, n)
-    t = time.perf_counter()
+    t = time.perf_counter() if clock == "wall" else time.process_time()
     llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))
-    return time.perf_counter() - t
+    return (time.perf_counter() if clock == "wall" else time.process_time()) - t
 
 
 def _decode_tokens_per_s(llm, metric: str, p) -> float:
@@ -73,7 +74,7 @@ def run(p) -> list[dict]:
             for _ in range(p.repeats):
                 for name, llm in llms.items():
                     if metric.startswith("prefill_"):
-                        times[name].append(_prefill_seconds(llm, int(metric.split("_")[1])))
+                        times[name].append(_prefill_seconds(llm, int(metric.split("_")[1]), p.clock))
                     else:
                         times[name].append(_decode_tokens_per_s(llm, metric, p))
             res = {arm_name(weights, a).split(" ", 1)[1]: statistics.median(times[arm_name(weights, a)])

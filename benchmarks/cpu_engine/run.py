@@ -40,6 +40,7 @@ class Preset:
     context: int = 128  # prompt tokens before decoding
     new_tokens: int = 32
     arms: tuple[tuple[str, int | None], ...] = ()  # (attention, MSA top-k): ours only, dense vs MSA (msa.py)
+    clock: str = "wall"  # msa prefill: "wall" seconds or the process's "cpu" seconds (one thread: load-proof)
 
 
 MSA_ARMS = (("dense", None), ("msa", 4), ("msa", 16))
@@ -56,6 +57,9 @@ PRESETS: dict[str, Preset] = {
     "msa-prefill": Preset("whole-prompt prefill at 2K, 4K and 8K, dense vs msa top-k 4 and 16, fp32 and q4, 2 threads, "
                           "one timed run (seconds)", ("prefill_2048", "prefill_4096", "prefill_8191"),
                           weights=("fp32", "q4"), hf_dtypes=(), repeats=1, threads=2, arms=MSA_ARMS),
+    "msa-prefill-cpu": Preset("msa-prefill in CPU seconds of one thread (robust to a shared machine's load), fp32",
+                              ("prefill_2048", "prefill_4096", "prefill_8191"), weights=("fp32",), hf_dtypes=(),
+                              repeats=1, arms=MSA_ARMS, clock="cpu"),
     "msa-decode": Preset("decode at batch 1 and 8 after a 4K prompt, dense vs msa top-k 4 and 16, fp32 and q4, "
                          "2 threads, one timed run", ("decode_b1", "decode_b8"), weights=("fp32", "q4"), hf_dtypes=(),
                          repeats=1, threads=2, context=4096, new_tokens=16, arms=MSA_ARMS),
