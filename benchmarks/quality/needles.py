@@ -8,7 +8,8 @@ sent as the templated text plus the prefix, as the runner sends it to a local ba
 RULER recall (`tasks.metrics.ruler_recall`).
 
 Settings: `dense`, `msa` (the model's shipped indexer, B128/k16), `msa-b64k8` (the same projections
-at block 64 / top-8), `msa-ref`, `msa-oracle` (the shipped budget, blocks chosen by true attention mass), `NAME=ADAPTER_DIR` (`--attention msa` with that adapter, its own
+at block 64 / top-8), `msa-ref`, `msa-oracle` (the shipped budget, blocks chosen by true
+attention mass), `NAME=ADAPTER_DIR` (`--attention msa` with that adapter, its own
 B/k; `NAME=ADAPTER_DIR@b64k8` runs it at B 64 / k 8), `NAME=+` (the shipped indexer under that
 name) and `NAME=+L1,L2` (the shipped indexer with layers L1, L2 also dense:
 `engine.sparsify.subset.keep_dense`, byte for byte what `sparsify --dense-layers ...` trains).
