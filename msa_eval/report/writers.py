@@ -115,6 +115,15 @@ def efficiency_csv(rep: Report) -> str:
     return buf.getvalue()
 
 
+def _rows_csv(fields, rows: list[dict]) -> str:
+    """One table of dict rows as CSV text, columns in `fields` order."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(fields))
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
 def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) -> dict[str, Path]:
     """Write report.md / report.csv + efficiency.csv (+ judge.csv, telemetry.csv, latency.csv) / report.json
     (those in `formats`)."""
@@ -130,25 +139,13 @@ def write_report(rep: Report, out_dir: Path, formats: set[str] | None = None) ->
         atomic_write_text(paths["efficiency_csv"], efficiency_csv(rep))
         if rep.judge:
             paths["judge_csv"] = out_dir / "judge.csv"
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=list(JUDGE_FIELDS))
-            w.writeheader()
-            w.writerows(rep.judge)
-            atomic_write_text(paths["judge_csv"], buf.getvalue())
+            atomic_write_text(paths["judge_csv"], _rows_csv(JUDGE_FIELDS, rep.judge))
         if rep.latency:
             paths["latency_csv"] = out_dir / "latency.csv"
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=list(LATENCY_FIELDS))
-            w.writeheader()
-            w.writerows(rep.latency)
-            atomic_write_text(paths["latency_csv"], buf.getvalue())
+            atomic_write_text(paths["latency_csv"], _rows_csv(LATENCY_FIELDS, rep.latency))
         if rep.telemetry:
             paths["telemetry_csv"] = out_dir / "telemetry.csv"
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=list(TELEMETRY_FIELDS))
-            w.writeheader()
-            w.writerows(rep.telemetry)
-            atomic_write_text(paths["telemetry_csv"], buf.getvalue())
+            atomic_write_text(paths["telemetry_csv"], _rows_csv(TELEMETRY_FIELDS, rep.telemetry))
     if "json" in formats:
         paths["json"] = out_dir / "report.json"
         atomic_write_json(paths["json"], rep.to_dict())
