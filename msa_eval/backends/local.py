@@ -3,28 +3,57 @@
 Completion-mode requests are tokenized as given; chat-mode requests go through the model's
 chat template (tools rendered the same way the server renders them), so `--backend local`
 and `--backend openai` against `msa-eval serve` see the identical token sequence.
-A batch is submitted at once and served by continuous batching. The engine's metrics other than the
-timings go to `GenResult.extra` (`attention_density`; with `msa_telemetry=True`, the MSA arms' selection
-telemetry `msa_telemetry`, engine/msa/telemetry.py, which the runner keeps in the record).
+A batch is submitted at once and served by continuous batching (sizes per device: `BATCHING`). The
+engine's metrics other than the timings go to `GenResult.extra` (`attention_density`; with
+`msa_telemetry=True`, the MSA arms' selection telemetry `msa_telemetry`, engine/msa/telemetry.py, which the
+runner keeps in the record).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from msa_eval.backends.base import ChatResponse, GenRequest, GenResult, ToolCall
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How many requests the runner hands over at once (`concurrency`) and the engine decodes together
+    (`max_num_seqs`, prefill chunks of `max_num_batched_tokens`), per device: 2 CPU cores gain nothing from a
+    wide batch (the main job's timings are at concurrency 1), while a GPU chunking 64 8K prompts 2048 tokens at a
+    time and decoding 8 of them at once runs at a fraction of its speed."""
+
+    concurrency: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+BATCHING = {"cpu": Batching(1, 8, 2048), "cuda": Batching(64, 64, 16384)}
+
+
+def batching(device: str | None = None) -> Batching:
+    """The batching defaults of `device` (None: the engine's default device)."""
+    import torch
+
+    from engine.llm import default_device
+
+    kind = torch.device(device).type if device else default_device().type
+    return BATCHING.get(kind, BATCHING["cpu"])
 
 
 class LocalBackend:
     name = "local"
 
     def __init__(self, model: str = "smollm2-135m", attention: str = "dense", device: str | None = None,
-                 max_num_seqs: int = 8, max_model_len: int | None = None, progress: bool = True,
-                 **llm_opts: Any):
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, progress: bool = True, **llm_opts: Any):
         from engine import LLM
 
         self.attention = attention
-        self.llm = LLM(model, attention=attention, device=device, max_num_seqs=max_num_seqs,
+        b = batching(device)
+        self.llm = LLM(model, attention=attention, device=device, max_num_seqs=max_num_seqs or b.max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens or b.max_num_batched_tokens,
                        max_model_len=max_model_len, progress=progress, **llm_opts)
         self.tokenizer = self.llm.tokenizer
 

@@ -116,8 +116,15 @@ def _suite(a: RunArgs) -> SuiteConfig:
     return suite
 
 
+def _local_concurrency(a: RunArgs) -> int:
+    from msa_eval.backends.local import batching
+
+    device = {**a.engine_opts, **parse_backend_opts(tuple(a.backend_opts))}.get("device")
+    return batching(str(device) if device else None).concurrency
+
+
 def prepare(a: RunArgs) -> Prepared:
-    conc = a.concurrency if a.concurrency is not None else (1 if a.backend == "local" else 8)
+    conc = a.concurrency if a.concurrency is not None else (_local_concurrency(a) if a.backend == "local" else 8)
     if conc < 1:  # 0 is no request per batch, never "the default"; checked before anything loads
         raise ConfigError(f"--concurrency must be >= 1, got {conc}")
     if a.out is not None:
