@@ -105,10 +105,10 @@ class _NoTokenizer:
 def random_engine(model: CausalLM, attention, device: torch.device | str, kv_cache_tokens: int,
                   max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                   cuda_graphs: bool = True, index_dim: int = 0, index_layers: tuple[int, ...] = (),
-                  page_size: int = 128):
+                  page_size: int = 128, telemetry=None):
     """An `LLMEngine` over a random stack (drive it with token ids: `stream`, or add_request / step; read
     results with `pop_finished`: a random stack has no text). MSA: pass the indexer's `config.d_idx`
-    and `layers` as `index_dim` / `index_layers`."""
+    and `layers` as `index_dim` / `index_layers`; `telemetry` an `engine.msa.telemetry.TelemetryConfig`."""
     from engine.kv_cache import CacheConfig, KVCache
     from engine.llm_engine import LLMEngine
     from engine.scheduler import SchedulerConfig
@@ -119,7 +119,7 @@ def random_engine(model: CausalLM, attention, device: torch.device | str, kv_cac
                     CacheConfig(page_size=page_size, num_pages=-(-kv_cache_tokens // page_size), dtype=dtype),
                     device, index_dim=index_dim, index_layers=index_layers)
     return LLMEngine(model, _NoTokenizer(), attention, cache, SchedulerConfig(max_num_seqs, max_num_batched_tokens),
-                     max_model_len or cfg.max_position, device, cuda_graphs=cuda_graphs)
+                     max_model_len or cfg.max_position, device, cuda_graphs=cuda_graphs, telemetry=telemetry)
 
 
 def all_logits(llm, ids: list[int], chunk: int | None = None) -> torch.Tensor:

@@ -70,7 +70,7 @@ class LayerTimer:
 
 
 def _engine(model, kind: str, kv_tokens: int, max_num_seqs: int, max_batched: int, max_model_len: int,
-            graphs: bool):
+            graphs: bool, telemetry=None):
     from engine.attention import make_attention
     from engine.testing import random_engine
 
@@ -81,7 +81,7 @@ def _engine(model, kind: str, kv_tokens: int, max_num_seqs: int, max_batched: in
                          max_num_batched_tokens=max_batched, max_model_len=max_model_len,
                          cuda_graphs=graphs and model.supports_cuda_graphs,
                          index_dim=indexer.config.d_idx if indexer else 0,
-                         index_layers=indexer.layers if indexer else ())
+                         index_layers=indexer.layers if indexer else (), telemetry=telemetry)
 
 
 def bounds(cfg, ctx: int, batch: int) -> dict:
@@ -218,6 +218,51 @@ class M3Slice:
                     rows.append(row)
                     print({k: v for k, v in row.items() if k != "layer_ms"}, layer_ms, flush=True)
                     del eng
+        return rows
+
+
+@dataclass(frozen=True)
+class M3Telemetry:
+    """The selection telemetry (`engine.msa.telemetry`) of the M3 slice at long context: one random-token prompt
+    per length, `decode` tokens generated, every MSA layer's selection measured on the last 64 prompt positions
+    and every decode token against the oracle (exact fp32 attention mass over the probe rows). Random weights:
+    the rows show the telemetry's shape, cost and the keys-read fraction of a real M3 layout at 32K-1M, not how
+    well a trained indexer chooses (a random indexer's recall is near chance)."""
+
+    lengths: tuple[int, ...] = (32768, 131072, 524288, 1048576)
+    layers: int = 4
+    experts: int = 128
+    chunk: int = 131072
+    decode: int = 4
+    name = "m3_telemetry"
+
+    def run(self, opts) -> list[dict]:
+        from engine.m3.testing import full_width_config
+        from engine.msa.telemetry import TelemetryConfig
+        from engine.sampling import SamplingParams
+        from engine.testing import random_model
+
+        top = max(self.lengths)
+        cfg = full_width_config(self.layers, self.experts, max_position=top + 8192)
+        free()
+        model = random_model(cfg, "cuda")
+        eng = _engine(model, "msa", top + 8192, 1, self.chunk, top + 4096, graphs=False, telemetry=TelemetryConfig())
+        rows = []
+        for n in self.lengths:
+            rid = f"tel{n}"
+            eng.add_request(rid, random_prompt(n, cfg.vocab_size, n), SamplingParams(max_tokens=self.decode))
+            sync()
+            t = time.perf_counter()
+            while eng.has_unfinished():
+                eng.step()
+            sync()
+            tel = eng.pop_finished(rid).metrics()["msa_telemetry"]
+            rows.append({"bench": "m3_telemetry", "ctx": n, "weights": "random", "wall_s": time.perf_counter() - t,
+                         "layers": tel["layers"], "decode_tokens": tel["decode_tokens"], **tel["mean"],
+                         "keys_read_by_layer": [sum(g) / len(g) for g in tel["keys_read"]]})
+            print(rows[-1], flush=True)
+        del eng, model
+        free()
         return rows
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.cli import env_row, parser, run_sections
 from benchmarks.engine_gpu.decode import Roofline, VersusHF
-from benchmarks.engine_gpu.m3 import M3Slice, M3VersusHF
+from benchmarks.engine_gpu.m3 import M3Slice, M3Telemetry, M3VersusHF
 from benchmarks.engine_gpu.msa import Decode, MSAGraphs, Prefill
 from benchmarks.engine_gpu.step import Step
 from benchmarks.engine_gpu.tables import markdown
@@ -61,10 +61,12 @@ PRESETS: dict[str, Preset] = {
     "m3-split": Preset("where an M3 decode step goes: eager steps (per-layer CUDA events) at 128K batch 64, and "
                        "m3-vs-hf at 16K", (M3Slice(prefill=(), dense_prefill=(), decode_contexts=(131072,),
                                                    batches=(64,), graphs=False), M3VersusHF(lengths=(16384,)))),
+    "m3-telemetry": Preset("selection telemetry of the M3 slice (random weights: shape and cost only) at 32K-1M",
+                           (M3Telemetry(),)),
     "m3-smoke": Preset("the M3 slice at tiny sizes (8 experts, 8K / 16K, batch 1 and 4): checks the section",
                        (M3Slice(prefill=(8192, 16384), dense_prefill=(8192,), decode_contexts=(8192,),
                                 batches=(1, 4), experts=8, chunk=8192, steps=4),
-                        M3VersusHF(lengths=(4096,), experts=8))),
+                        M3VersusHF(lengths=(4096,), experts=8), M3Telemetry(lengths=(8192,), experts=8, chunk=8192))),
     "step": Preset("where a decode step's time goes, default model, sync and async, batch 1 and 8", (Step(),)),
     "smoke": Preset("every section at tiny sizes (checks the runner on a GPU in about a minute)",
                     (Roofline(ctx=512, steps=8, graphs=(True,)),
