@@ -6,7 +6,9 @@ then attends over them exactly like `msa`. Its gap to dense is the cost of block
 `msa` and `msa-oracle` is the cost of the indexer.
 
 The masses come from dense attention scores (`engine.msa.recall.dense_probs`), one request at a time,
-queries in chunks: O(context^2) work, like dense attention itself, and not capturable in a CUDA graph.
+queries in chunks: O(context^2) work, like dense attention itself, and not capturable in a CUDA graph. A
+decode step (one query per request) scores every request at once over its pages (`_decode_ids`): a loop over
+64 requests x 30 layers per step made the arm several times slower than the attention it measures.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
     blocks by mass, descending, ties to the smaller id; the own block in the last valid slot; -1 padding)."""
     from kernels.indexer.naive import select_blocks
 
+    if len(meta.q_lens) > 1 and all(n == 1 for n in meta.q_lens):
+        return _decode_ids(q, k_cache, meta, topk, scale)
     hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     out = torch.full((q.shape[0], hkv, topk), -1, dtype=torch.int32, device=q.device)
     start = 0
@@ -43,6 +47,31 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
             out[start + c0:start + c1] = select_blocks(mass, pos // block, topk)
         start += ql
     return out
+
+
+def _decode_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk: int, scale: float
+                ) -> torch.Tensor:
+    """`oracle_ids` of a step with one query per request: the keys of each request's pages gathered at once
+    (`page_table`, padded past each request's length and masked there), requests in chunks of at most
+    `_MAX_ELEMENTS` gathered key elements."""
+    from kernels.indexer.naive import select_blocks
+
+    r_all, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    kl = torch.tensor(meta.kv_lens, device=q.device)
+    npg = -(-max(meta.kv_lens) // block)
+    rows = max(1, _MAX_ELEMENTS.get(q.device.type, 1 << 24) // (hkv * npg * block * d))
+    out = []
+    for r0 in range(0, r_all, rows):
+        r1 = min(r_all, r0 + rows)
+        pages = meta.page_table[r0:r1, :npg].long().clamp(min=0)  # -1 past a request's pages: masked below
+        k = k_cache[pages].permute(0, 2, 1, 3, 4).reshape(r1 - r0, hkv, npg * block, d).float()
+        s = torch.einsum("rhgd,rhsd->rhgs", q[r0:r1].float().view(r1 - r0, hkv, hq // hkv, d), k) * scale
+        vis = torch.arange(npg * block, device=q.device)[None, :] < kl[r0:r1, None]
+        p = torch.softmax(s.masked_fill(~vis[:, None, None, :], float("-inf")), dim=-1)
+        mass = p.sum(2).view(r1 - r0, hkv, npg, block).sum(-1)
+        out.append(select_blocks(mass, (kl[r0:r1] - 1) // block, topk))
+    return torch.cat(out)
 
 
 class _OracleSelection:

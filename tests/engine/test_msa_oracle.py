@@ -90,3 +90,34 @@ def test_oracle_ids_keep_the_most_mass_in_the_indexers_layout():
             alt[t, :, : k - 1] = hist
         assert selected_mass(q, kc, meta, alt, d ** -0.5)[0] <= best + 1e-4
     assert 0 < best / n <= 1
+
+
+@pytest.mark.parametrize("max_elements", [None, 1 << 16])  # one chunk of requests, or one request per chunk
+def test_decode_step_scores_all_requests_at_once_like_one_at_a_time(monkeypatch, max_elements):
+    """A decode step (one query per request, scattered pages of unequal lengths) gets the ids the
+    per-request path gives each request alone."""
+    from engine.attention import oracle
+
+    if max_elements:
+        monkeypatch.setitem(oracle._MAX_ELEMENTS, "cpu", max_elements)
+    g = torch.Generator().manual_seed(3)
+    hq, hkv, d, B, k = 8, 2, 64, 128, 4
+    lens = [1, 130, 700, 1000, 511]
+    kc = torch.randn(40, hkv, B, d, generator=g)
+    perm = torch.randperm(40, generator=g).tolist()
+    lists, at = [], 0
+    for n in lens:
+        lists.append(perm[at:at + -(-n // B)])
+        at += len(lists[-1])
+    table = torch.full((len(lens), max(map(len, lists))), -1, dtype=torch.int32)
+    for r, pl in enumerate(lists):
+        table[r, :len(pl)] = torch.tensor(pl, dtype=torch.int32)
+    q = torch.randn(len(lens), hq, d, generator=g) * 2
+    z = torch.zeros(1, dtype=torch.int32)
+    meta = AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table, slot_pages=z, slot_offsets=z,
+                         q_lens=[1] * len(lens), kv_lens=lens, page_lists=lists, is_decode=True)
+    got = oracle_ids(q, kc, meta, k, d ** -0.5)
+    for r, (n, pl) in enumerate(zip(lens, lists, strict=True)):
+        one = AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table[r:r + 1], slot_pages=z, slot_offsets=z,
+                            q_lens=[1], kv_lens=[n], page_lists=[pl], is_decode=True)
+        assert torch.equal(got[r], oracle_ids(q[r:r + 1], kc, one, k, d ** -0.5)[0]), r
