@@ -205,29 +205,39 @@ def fit_pieces(
             raise TaskError(
                 f"target length {spec.target_length} is too small for task {task} "
                 f"(needs > {tokens + budget} tokens); pick a longer length")
+    best = search(est, exact, limit, n_min, n_guess, tail_max, task, spec.target_length)
+    if best is not None:
+        parts, n, tail, tokens = best
+        return Fit(parts, n, tail, tokens)
+    raise TaskError(f"task {task} could not be fitted to {spec.target_length} tokens with this tokenizer; "
+                    "report it with the tokenizer's name")
+
+
+def search(est: Callable[..., int], exact: Callable[[int, int], tuple[Any, int]], limit: int, n_min: int,
+           n_guess: int, tail_max: int, task: str, target: int) -> tuple[Any, int, int, int] | None:
+    """The fit loop of every fitter: the largest (n, tail <= tail_max) whose exact count (`exact(n, tail)` ->
+    (prompt, tokens)) is at most `limit`, aimed a margin below it and accepted within 0.5% (well within 1%);
+    `est(n, tail)`, the cheap estimate, is monotone in n. Up to 4 tries: when the pieces do not add up exactly
+    with this tokenizer (e.g. it merges across a newline) the aim shifts by the difference seen and the fit
+    runs again. Returns (prompt, n, tail, tokens) of the largest fit seen, or None when none fitted."""
     margin = 4 + limit // 1000
-    want = limit - margin  # the exact count aimed at; accepted down to `low` (well within 1%)
+    want = limit - margin  # the exact count aimed at; accepted down to `low`
     low = limit - max(2 * margin, limit // 200)
     aim, best = want, None  # aim: in estimated tokens
     for _ in range(4):
-        n = _largest(est, aim, n_min, n_guess, task, spec.target_length)
+        n = _largest(est, aim, n_min, n_guess, task, target)
         tail = 0
         if tail_max:
             tail = max(0, min(tail_max, aim - est(n)))
             while tail > 0 and est(n, tail) > aim:
                 tail = max(0, tail - max(1, est(n, tail) - aim))
-        parts, tokens = exact(n, tail)
-        if tokens <= limit and (best is None or tokens > best.prompt_tokens):
-            best = Fit(parts, n, tail, tokens)
+        prompt, tokens = exact(n, tail)
+        if tokens <= limit and (best is None or tokens > best[3]):
+            best = (prompt, n, tail, tokens)
         if best is not None and low <= tokens <= limit:
             return best
-        # the pieces do not add up exactly with this tokenizer (e.g. it merges across a newline):
-        # shift the aim by the difference seen here and fit again
         aim = want + (est(n, tail) - tokens)
-    if best is not None:
-        return best
-    raise TaskError(f"task {task} could not be fitted to {spec.target_length} tokens with this tokenizer; "
-                    "report it with the tokenizer's name")
+    return best
 
 
 def _largest(est: Callable[[int], int], aim: int, lo: int, guess: int, task: str, target: int) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.base import BuildSpec, PromptMode, TaskError, TokenCounter, continue_chat_text
-from tasks.fitting import _largest, piece_tokens
+from tasks.fitting import piece_tokens, search
 
 Pieces = tuple[str, ...]  # a turn's content, split where the tokenizer's pre-tokenizer splits anyway
 Turn = tuple[str, Pieces]  # (role: "user" | "assistant", content = "".join(pieces))
@@ -91,21 +91,7 @@ def fit_turns(
             seen[n, tail] = round(fixed + content(turns) + per_turn * len(turns))
         return seen[n, tail]
 
-    margin = 4 + limit // 1000
-    want = limit - margin
-    low = limit - max(2 * margin, limit // 200)
-    aim, best = want, TurnFit(first, n_min, 0, first_tokens)
-    for _ in range(4):
-        n = _largest(est, aim, n_min, n_guess, task, spec.target_length)
-        tail = 0
-        if tail_max:
-            tail = max(0, min(tail_max, aim - est(n)))
-            while tail > 0 and est(n, tail) > aim:
-                tail = max(0, tail - max(1, est(n, tail) - aim))
-        turns, tokens = exact(n, tail)
-        if best.prompt_tokens < tokens <= limit:
-            best = TurnFit(turns, n, tail, tokens)
-        if low <= tokens <= limit:
-            return best
-        aim = want + (est(n, tail) - tokens)
-    return best
+    found = search(est, exact, limit, n_min, n_guess, tail_max, task, spec.target_length)
+    if found is None or found[3] <= first_tokens:
+        return TurnFit(first, n_min, 0, first_tokens)
+    return TurnFit(*found)
