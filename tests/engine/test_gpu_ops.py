@@ -221,7 +221,7 @@ def test_msa_plan_hook_matches_engine_msa_decode(dense_layers):
 
 def test_make_attention_decides_the_class_once_per_kind_and_device():
     """The table of engine.attention.factory: `--attention msa` on a GPU gets the capturable
-    GraphMSAAttention (Triton), on the CPU the masked-SDPA CpuMaskedMSA; msa-ref is the reference
+    GraphMSAAttention (Triton), on the CPU the block-sparse CpuMaskedMSA (msa_cpu); msa-ref is the reference
     MSAAttention everywhere; msa-oracle the oracle selection over the device's attention; dense is
     GpuDenseAttention on a GPU. Building the objects launches nothing."""
     from engine.attention import ATTENTION_KINDS, GpuDenseAttention, make_attention
