@@ -5,23 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.base import BuildSpec, continue_chat_text
+from tasks.base import BuildSpec
 from tasks.registry import all_tasks, get_task
+from tests.tasks.lengths import check
 
 RECALL = [n for n, c in all_tasks().items() if c.category == "recall" and c.fidelity == "faithful"]
-
-
-def exact_tokens(sample, tok) -> int:
-    if sample.messages is not None:
-        return len(tok.encode(continue_chat_text(sample.messages, tok)))
-    return len(tok.encode(sample.prompt, add_special_tokens=True))
-
-
-def check(sample, length: int, tok) -> None:
-    real = exact_tokens(sample, tok)
-    assert real == sample.metadata["prompt_tokens"]
-    total = real + sample.max_tokens
-    assert 0.99 * length <= total <= length, (sample.id, total)
 
 
 def test_the_recall_tasks_are_all_here():
