@@ -49,8 +49,9 @@ class AttentionArms(click.ParamType):
 
 
 def arms_option(help: str | None = None) -> Callable:
-    """`--attention ARMS` (`AttentionArms`), default both."""
-    return click.option("--attention", type=AttentionArms(), default="both", show_default=True, help=help)
+    """`--attention ARMS` (`AttentionArms`); not given (None): the suite's `attention`, else both."""
+    return click.option("--attention", type=AttentionArms(), default=None,
+                        help=f"{help or ''} Default: the suite's `attention` arms, else both.".strip())
 
 
 def engine_options(f: Callable) -> Callable:

@@ -29,7 +29,8 @@ class RunArgs:
     suite: str
     backend: str
     model: str | None
-    attention: tuple[AttentionKind, ...] | str  # the arms, or a string `msa_eval.cli.options.parse_arms` reads
+    # the arms, or a string `msa_eval.cli.options.parse_arms` reads; None: the suite's `attention`, else both
+    attention: tuple[AttentionKind, ...] | str | None
     base_url: str | None
     reference: str | None
     lengths: str | None
@@ -47,7 +48,8 @@ class RunArgs:
     def __post_init__(self) -> None:
         from msa_eval.cli.options import parse_arms
 
-        self.attention = parse_arms(self.attention)  # type: ignore[assignment]
+        if self.attention is not None:
+            self.attention = parse_arms(self.attention)  # type: ignore[assignment]
 
 
 @dataclass
@@ -74,11 +76,23 @@ class Prepared:
         return rows
 
 
+def _arms(a: RunArgs, suite: SuiteConfig) -> tuple[AttentionKind, ...]:
+    """--attention when given, else the suite's `attention`, else both (msa, dense)."""
+    from msa_eval.cli.options import parse_arms
+
+    if a.attention is not None:
+        return a.attention  # type: ignore[return-value]
+    try:
+        return parse_arms(suite.attention or "both")  # type: ignore[return-value]
+    except ValueError as e:
+        raise ConfigError(f"suite {suite.name}: attention: {e}") from None
+
+
 def _backends(a: RunArgs, suite: SuiteConfig) -> tuple[BackendSpec, ...]:
     opts = parse_backend_opts(tuple(a.backend_opts))
     if a.backend == "local":
         model = a.model or DEFAULT_MODEL
-        kinds: tuple[AttentionKind, ...] = a.attention  # type: ignore[assignment]
+        kinds = _arms(a, suite)
         opts = {**a.engine_opts, **opts}
 
         def for_kind(k: AttentionKind) -> dict[str, Any]:

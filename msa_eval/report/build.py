@@ -14,7 +14,8 @@ from msa_eval.report.stats import median, sign_test
 from msa_eval.report.telemetry import telemetry_layers, telemetry_rows
 from msa_eval.runner.records import SampleRecord
 
-CATEGORY_ORDER = ("recall", "rag", "rerank", "cite", "longqa", "summ", "icl")
+CATEGORY_ORDER = ("recall", "rag", "rerank", "cite", "longqa", "summ", "icl", "coref", "graph")
+ALL_SUITE = "helmet_all"  # configs/helmet_all.yaml: a task of every category at CPU-friendly sizes
 OVERALL = "overall"
 
 
@@ -102,8 +103,18 @@ def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0)
     notes = []
     if not _pairs(backends):
         notes.append("no MSA/dense pair among the backends: no deltas")
+    notes += not_run_note({r.category for r in records})
     return Report(columns, rows, deltas, _efficiency(records, columns), notes, judge_rows(records, columns),
                   telemetry_rows(records), telemetry_layers(records), latency=latency_rows(records))
+
+
+def not_run_note(categories: set[str]) -> list[str]:
+    """One line naming the HELMET categories this run has no task of, and how to run them."""
+    missing = [c for c in CATEGORY_ORDER if c not in categories]
+    if not missing:
+        return []
+    return [f"not run: {', '.join(missing)} (run every category: `msa-eval run {ALL_SUITE} --backend local`, "
+            "or name tasks with --tasks; `msa-eval tasks list` shows each task's category)"]
 
 
 def judge_rows(records: list[SampleRecord], columns) -> list[dict[str, Any]]:

@@ -48,6 +48,8 @@ class SuiteConfig:
     mode: Mode = "chat"
     # MSA knobs for local msa/msa-ref backends (engine msa_overrides: topk, block_size, ...)
     msa_overrides: dict[str, Any] = field(default_factory=dict)
+    # local backend: the arms run when --attention is not given (empty: msa,dense); in the backends, not hashed
+    attention: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class RunConfig:
         """What defines the results (not concurrency, not --limit): hashed for resume."""
         d = asdict(self)
         d.pop("concurrency")
+        d["suite"].pop("attention")  # the arms are the backends
         for b in d["backends"]:
             b["options"] = {k: v for k, v in b["options"].items() if k not in _NOT_IDENTITY}
         return d
@@ -103,6 +106,7 @@ class _SuiteModel(BaseModel):
     seed: int = 42
     mode: Mode = "chat"
     msa_overrides: dict[str, Any] = {}
+    attention: list[str] = []
 
 
 def parse_length(text: str | int) -> int:
@@ -152,7 +156,7 @@ def suite_from_dict(d: dict[str, Any], source: str) -> SuiteConfig:
             t.name, t.samples, t.max_tokens, t.options, tuple(parse_length(x) for x in t.lengths))
         for t in m.tasks)
     return SuiteConfig(m.name, tasks, tuple(parse_length(x) for x in m.lengths), m.samples,
-                       m.seed, m.mode, dict(m.msa_overrides))
+                       m.seed, m.mode, dict(m.msa_overrides), tuple(m.attention))
 
 
 def configs_dir() -> Path:
