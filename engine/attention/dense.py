@@ -27,6 +27,14 @@ def gather_kv(cache: torch.Tensor, pages: list[int] | torch.Tensor, kv_len: int)
     return g.permute(1, 0, 2, 3).reshape(h, -1, d)[:, :kv_len]
 
 
+def gather_pages(cache: torch.Tensor, page_table: torch.Tensor, pages: int) -> torch.Tensor:
+    """`[num_pages, H, B, d]` and a page table `[R, >= pages]` (-1 past a request's pages) -> `[R, H, pages * B,
+    d]`: every request's first `pages` pages in order at once; the -1 slots read page 0 (mask them by length)."""
+    g = cache[page_table[:, :pages].long().clamp(min=0)]  # [R, pages, H, B, d]
+    r, h, d = g.shape[0], g.shape[2], g.shape[4]
+    return g.permute(0, 2, 1, 3, 4).reshape(r, h, -1, d)
+
+
 def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor | None:
     if q_len == 1:
         return None

@@ -22,6 +22,16 @@ def dense_probs(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, scale: floa
     return torch.softmax(s.masked_fill(~vis[:, None, :], float("-inf")), dim=-1)
 
 
+def dense_probs_rows(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """`dense_probs` with keys per row: q `[n, Hq, d]`, k `[n, Hkv, S, d]` (row i's keys; those past pos[i] are
+    masked, so padding may hold anything), pos `[n]` -> fp32 `[n, Hq, S]`."""
+    n, hq, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    sc = torch.einsum("nhgd,nhsd->nhgs", q.float().view(n, hkv, hq // hkv, d), k.float()).reshape(n, hq, s) * scale
+    vis = torch.arange(s, device=q.device)[None, :] <= pos[:, None]
+    return torch.softmax(sc.masked_fill(~vis[:, None, :], float("-inf")), dim=-1)
+
+
 def block_mask(ids: torch.Tensor, seq_len: int, block: int, group: int) -> torch.Tensor:
     """ids `[Tc, Hkv, k]` (-1 padding) -> bool `[Tc, Hq, S]`: key j lies in a selected block of the head's group."""
     nb = -(-seq_len // block)

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.dense import gather_kv
+from engine.attention.dense import gather_kv, gather_pages
 from engine.attention.meta import AttentionMeta
-from engine.msa.recall import dense_probs
+from engine.msa.recall import dense_probs, dense_probs_rows
 
 METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "layer_overlap", "decode_overlap")
 _PER_ROW = METRICS[:5]  # every probe row has these
@@ -68,33 +68,32 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return hit.sum(-1) / (a >= 0).sum(-1).clamp(min=1)
 
 
-def row_metrics(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, block: int, topk: int,
-                scale: float) -> torch.Tensor:
-    """One request's probe rows: q `[n, Hq, d]`, its keys k `[Hkv, S, d]`, positions `[n]`, the indexer's ids
-    `[n, Hkv, topk]` -> fp32 `[5, n, Hkv]`: recall, mass_recall, mass, keys_read, local_share (module docstring)."""
+def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int, block: int, topk: int
+                ) -> torch.Tensor:
+    """Probe rows: their dense probabilities p fp32 `[n, Hq, S]` (`dense_probs`; keys past a row's position have
+    0), positions `[n]`, the indexer's ids `[n, Hkv, topk]` -> fp32 `[5, n, Hkv]`: recall, mass_recall, mass,
+    keys_read, local_share (module docstring)."""
     from kernels.indexer.naive import select_blocks
 
-    n, hq = q.shape[0], q.shape[1]
-    hkv, s = k.shape[0], k.shape[1]
-    g, nb = hq // hkv, -(-s // block)
-    p = dense_probs(q, k, pos, scale)  # [n, Hq, S]
+    n, hq, s = p.shape
+    g, nb, dev = hq // hkv, -(-s // block), p.device
     mass = p.view(n, hkv, g, s).sum(2) / g
     mass = torch.nn.functional.pad(mass, (0, nb * block - s)).view(n, hkv, nb, block).sum(-1)  # [n, Hkv, nb]
     own = pos // block
     oracle = select_blocks(mass, own, topk)
 
     def chosen(sel: torch.Tensor) -> torch.Tensor:  # [n, Hkv, nb] bool
-        m = torch.zeros(n, hkv, nb + 1, dtype=torch.bool, device=q.device)
+        m = torch.zeros(n, hkv, nb + 1, dtype=torch.bool, device=dev)
         m.scatter_(2, torch.where(sel >= 0, sel.long(), nb), True)
         return m[..., :nb]
 
     sel_m, orc_m = chosen(ids), chosen(oracle)
     m_sel, m_orc = (mass * sel_m).sum(-1), (mass * orc_m).sum(-1)
-    history = orc_m & (torch.arange(nb, device=q.device)[None, :] < own[:, None])[:, None, :]
+    history = orc_m & (torch.arange(nb, device=dev)[None, :] < own[:, None])[:, None, :]
     floor = mass.masked_fill(~history, float("inf")).amin(-1, keepdim=True)  # oracle's smallest kept mass
-    hit = orc_m | (mass >= floor - _TIE) & (torch.arange(nb, device=q.device) < own[:, None, None])
+    hit = orc_m | (mass >= floor - _TIE) & (torch.arange(nb, device=dev) < own[:, None, None])
     recall = (sel_m & hit).sum(-1) / orc_m.sum(-1)
-    starts = torch.arange(nb, device=q.device) * block
+    starts = torch.arange(nb, device=dev) * block
     valid = (pos[:, None] + 1 - starts[None, :]).clamp(0, block)  # [n, nb] keys of each block up to pos
     keys = (sel_m * valid[:, None, :]).sum(-1) / (pos[:, None] + 1)
     local = mass.gather(2, own.view(n, 1, 1).expand(n, hkv, 1))[..., 0]
@@ -131,11 +130,16 @@ class SelectionTelemetry:
         if skip >= q.shape[0]:
             return
         q, ids, pos0 = q[skip:], ids[skip:].clone(), pos0 + skip  # a decode plan reuses its ids buffer
-        n, hq, s = q.shape[0], q.shape[1], k.shape[1]
+        n, hq, s, hkv = q.shape[0], q.shape[1], k.shape[1], k.shape[0]
         pos = torch.arange(pos0, pos0 + n, device=q.device)
         chunk = max(1, _MAX_ELEMENTS // (hq * s))
-        rows = torch.cat([row_metrics(q[c:c + chunk], k, pos[c:c + chunk], ids[c:c + chunk], block, topk, scale)
-                          for c in range(0, n, chunk)], dim=1)  # [5, n, Hkv]
+        rows = torch.cat([row_metrics(dense_probs(q[c:c + chunk], k, pos[c:c + chunk], scale), pos[c:c + chunk],
+                                      ids[c:c + chunk], hkv, block, topk) for c in range(0, n, chunk)], dim=1)
+        self.record(layer, pos0, ids, rows)
+
+    def record(self, layer: int, pos0: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Add the measured probe rows (`row_metrics`' `[5, n, Hkv]`) at positions pos0.. with their ids (kept)."""
+        n = ids.shape[0]
         for i in range(len(_PER_ROW)):
             self._add(layer, i, rows[i])
         prev = self._last_layer
@@ -181,6 +185,9 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
                   topk: int, scale: float) -> None:
     """One MSA layer call: each request of the batch with an accumulator in `meta.telemetry` adds its probe rows.
     q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding)."""
+    accs = meta.telemetry or []
+    if len(meta.q_lens) > 1 and all(n == 1 for n in meta.q_lens) and all(a is not None for a in accs):
+        return _observe_decode(layer, q, k_cache, ids, meta, topk, scale)
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         acc = meta.telemetry[r] if meta.telemetry is not None else None
@@ -188,3 +195,25 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
             k = gather_kv(k_cache, meta.page_lists[r], kl)
             acc.observe(layer, q[start:start + ql], k, kl - ql, ids[start:start + ql], k_cache.shape[2], topk, scale)
         start += ql
+
+
+def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,
+                    topk: int, scale: float) -> None:
+    """`observe_layer` for a step of one query per request (every decode token is a probe row): the rows of all
+    requests measured at once over their gathered pages (`gather_pages`, requests in chunks of at most
+    `_MAX_ELEMENTS` probabilities), then handed to each request's accumulator. A loop over 64 requests x 27
+    layers per step made a telemetry run several times slower than the attention it measures."""
+    n, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    pos = torch.tensor(meta.kv_lens, device=q.device) - 1
+    npg = -(-max(meta.kv_lens) // block)
+    step = max(1, _MAX_ELEMENTS // (hq * npg * block))
+    ids = ids[:n].clone()  # a decode plan reuses its ids buffer (and pads it past the batch)
+    parts = []
+    for r in range(0, n, step):
+        k = gather_pages(k_cache, meta.page_table[r:r + step], npg)
+        p = dense_probs_rows(q[r:r + step], k, pos[r:r + step], scale)
+        parts.append(row_metrics(p, pos[r:r + step], ids[r:r + step], hkv, block, topk))
+    rows = torch.cat(parts, dim=1)  # [5, n, Hkv]
+    for r, acc in enumerate(meta.telemetry or []):
+        acc.record(layer, meta.kv_lens[r] - 1, ids[r:r + 1], rows[:, r:r + 1])
