@@ -24,17 +24,36 @@ def test_parse_length_and_suite_validation():
     with pytest.raises(ConfigError, match="Extra inputs"):
         suite_from_dict({"name": "x", "tasks": ["json_kv"], "stop_new_line": True}, "x.yaml")
     s = load_suite("helmet")
-    assert s.name == "helmet" and s.lengths and len(s.tasks) >= 7
+    assert s.name == "helmet" and s.lengths and s.tasks and s.attention == ("dense", "msa", "msa-oracle")
+    assert len(load_suite("helmet_all").tasks) >= 9
     full = load_suite("helmet_full")
     assert full.lengths == () and len(full.tasks) >= 16
 
 
-def test_default_suite_covers_every_category():
+def test_helmet_all_covers_every_category():
+    """`make run` is one task; helmet_all (named by the report's "not run" line) has every category."""
+    from msa_eval.report.build import ALL_SUITE, CATEGORY_ORDER
     from tasks.helmet import CATEGORIES
     from tasks.registry import all_tasks
 
-    cats = {all_tasks()[t.name].category for t in load_suite("helmet").tasks}
-    assert cats == set(CATEGORIES)
+    cats = {all_tasks()[t.name].category for t in load_suite(ALL_SUITE).tasks}
+    assert cats >= set(CATEGORIES) and cats == set(CATEGORY_ORDER)
+
+
+def test_the_suite_names_the_default_arms(tmp_path):
+    """No --attention: the suite's `attention` arms (helmet: dense, msa, msa-oracle); the flag overrides; a suite
+    without the field runs both (msa, dense); the arms are the backends, so the field is not hashed twice."""
+    a = prepare(args(tmp_path, attention=None))
+    assert [b.attention for b in a.cfg.backends] == ["dense", "msa", "msa-oracle"]
+    assert "attention" not in a.cfg.identity()["suite"]
+    b = prepare(args(tmp_path, attention="msa", out=tmp_path / "b"))
+    assert [x.attention for x in b.cfg.backends] == ["msa"]
+    c = prepare(args(tmp_path, suite="helmet_full", attention=None, out=tmp_path / "c"))
+    assert [x.attention for x in c.cfg.backends] == ["msa", "dense"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ntasks: [niah_single]\nattention: [dense, sparse]\n")
+    with pytest.raises(ConfigError, match="attention: unknown attention arm sparse"):
+        prepare(args(tmp_path, suite=str(bad), attention=None, out=tmp_path / "d"))
 
 
 def test_changed_config_is_refused_and_gets_a_new_default_dir(tmp_path):
