@@ -45,7 +45,8 @@ PRESETS: dict[str, Preset] = {
                            runs=(dense("niah_single", "2k,4k", 20), dense("niah_single", "8k", 20),
                                  dense("niah_single_noise", "8k", 20),
                                  dense("niah_single,niah_single_noise", "7.5k", 12))),
-    "main-job": Preset("times `make run` (msa-eval run helmet --backend local): wall, CPU, RSS, load",
+    "main-job": Preset("times `make run` (msa-eval run helmet --backend local: niah_mk2 at 1K, 40 samples, "
+                       "dense / msa / msa-oracle): wall, CPU, RSS, load",
                        runs=(RunnerRun(timed=True),)),
     "prompts": Preset("prompt construction of every recall task at 32K-1M (one sample each, cold piece counts; "
                       "goal on 2 cores: 128K <= 5 s, 1M <= 30 s)", prompts=prompts.Prompts()),
