@@ -29,6 +29,23 @@ def test_report_cli_writes_tables_and_plots(needle_run, run_cli, tmp_path):
     assert (out / "depth_heatmap_local_dense.png").stat().st_size > 1000
 
 
+def test_the_categories_not_run_are_named_under_the_table(needle_run, run_cli, tmp_path):
+    """A recall-only run names every other category and how to run it; a run with all of them names none."""
+    p = run_cli("report", str(needle_run["run_dir"]), "--out", str(tmp_path / "rep"), "--markdown")
+    assert p.returncode == 0, p.stderr
+    line = [x for x in p.stdout.splitlines() if "not run:" in x]
+    assert len(line) == 1 and "not run: rag, rerank, cite, longqa, summ, icl, coref, graph " in line[0]
+    assert "msa-eval run helmet_all --backend local" in line[0] and "--tasks" in line[0]
+    dense = load_runs([needle_run["run_dir"]])
+    others = ["rag", "rerank", "cite", "longqa", "summ", "icl", "coref"]
+    every = dense + [r.model_copy(update={"category": c, "task": c}) for c in others for r in dense[:1]]
+    assert [n for n in build_report(every, n_boot=10).notes if "not run" in n] == ["not run: graph (run every "
+        "category: `msa-eval run helmet_all --backend local`, or name tasks with --tasks; `msa-eval tasks list` "
+        "shows each task's category)"]
+    every.append(dense[0].model_copy(update={"category": "graph", "task": "graphwalks"}))
+    assert not [n for n in build_report(every, n_boot=10).notes if "not run" in n]
+
+
 def test_paired_deltas_on_real_records(needle_run):
     """Pair the real dense records with a copy relabelled as MSA: equal scores give Δ = 0
     with a zero-width CI; zeroing the copy gives Δ = -mean(dense)."""
