@@ -113,8 +113,9 @@ def not_run_note(categories: set[str]) -> list[str]:
     missing = [c for c in CATEGORY_ORDER if c not in categories]
     if not missing:
         return []
-    return [f"not run: {', '.join(missing)} (run every category: `msa-eval run {ALL_SUITE} --backend local`, "
-            "or name tasks with --tasks; `msa-eval tasks list` shows each task's category)"]
+    line = (f"not run: {', '.join(missing)} (run every category: `msa-eval run {ALL_SUITE} --backend local`, "
+            "or name tasks with --tasks; `msa-eval tasks list` shows each task's category)")
+    return [line]
 
 
 def judge_rows(records: list[SampleRecord], columns) -> list[dict[str, Any]]:
