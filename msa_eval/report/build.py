@@ -75,6 +75,17 @@ def _pairs(backends: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+def _indexer_pairs(backends: list[str]) -> list[tuple[str, str]]:
+    """(msa, msa-oracle) pairs of the same run family: the indexer's cost (the gate pairs against dense only)."""
+    out = []
+    for a in backends:
+        head, _, tail = a.partition(":")
+        arm, sep, suffix = tail.partition("#")
+        if arm == "msa" and f"{head}:msa-oracle{sep}{suffix}" in backends:
+            out.append((a, f"{head}:msa-oracle{sep}{suffix}"))
+    return out
+
+
 def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0) -> Report:
     backends = list(dict.fromkeys(r.backend for r in records))
     lengths = sorted({r.length for r in records})
@@ -97,7 +108,7 @@ def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0)
     rows.append({"kind": "overall", "category": "", "name": "overall (mean of categories)",
                  "cells": {Report.col(*c): _pct(agg[c].get(OVERALL)) for c in columns}, "n": {}})
     deltas = []
-    for a, b in _pairs(backends):
+    for a, b in _pairs(backends) + _indexer_pairs(backends):
         for n in lengths:
             deltas += _paired_deltas(records, a, b, n, cat_of, n_boot, seed)
     notes = []
