@@ -144,3 +144,21 @@ def all_logits(llm, ids: list[int], chunk: int | None = None) -> torch.Tensor:
     finally:
         eng.blocks.release("probe")
     return torch.cat(outs)
+
+
+def decode_step_meta(lens: list[int], num_pages: int, page_size: int, generator: torch.Generator, **kw):
+    """An `AttentionMeta` of a decode step (one query per request) over `lens` keys per request, each request's
+    pages a random scattered subset of `num_pages` (page table padded with -1); `kw` adds fields (telemetry)."""
+    from engine.attention.meta import AttentionMeta
+
+    perm = torch.randperm(num_pages, generator=generator).tolist()
+    lists, at = [], 0
+    for n in lens:
+        lists.append(perm[at:at + -(-n // page_size)])
+        at += len(lists[-1])
+    table = torch.full((len(lens), max(map(len, lists))), -1, dtype=torch.int32)
+    for r, pl in enumerate(lists):
+        table[r, :len(pl)] = torch.tensor(pl, dtype=torch.int32)
+    z = torch.zeros(1, dtype=torch.int32)
+    return AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table, slot_pages=z, slot_offsets=z,
+                         q_lens=[1] * len(lens), kv_lens=list(lens), page_lists=lists, is_decode=True, **kw)

@@ -9,7 +9,7 @@ import torch
 from engine.attention.meta import AttentionMeta
 from engine.attention.oracle import oracle_ids
 from engine.msa.recall import selected_mass
-from engine.testing import all_logits
+from engine.testing import all_logits, decode_step_meta
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -104,18 +104,9 @@ def test_decode_step_scores_all_requests_at_once_like_one_at_a_time(monkeypatch,
     hq, hkv, d, B, k = 8, 2, 64, 128, 4
     lens = [1, 130, 700, 1000, 511]
     kc = torch.randn(40, hkv, B, d, generator=g)
-    perm = torch.randperm(40, generator=g).tolist()
-    lists, at = [], 0
-    for n in lens:
-        lists.append(perm[at:at + -(-n // B)])
-        at += len(lists[-1])
-    table = torch.full((len(lens), max(map(len, lists))), -1, dtype=torch.int32)
-    for r, pl in enumerate(lists):
-        table[r, :len(pl)] = torch.tensor(pl, dtype=torch.int32)
+    meta = decode_step_meta(lens, 40, B, g)
+    lists, table, z = meta.page_lists, meta.page_table, meta.cu_seqlens_q
     q = torch.randn(len(lens), hq, d, generator=g) * 2
-    z = torch.zeros(1, dtype=torch.int32)
-    meta = AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table, slot_pages=z, slot_offsets=z,
-                         q_lens=[1] * len(lens), kv_lens=lens, page_lists=lists, is_decode=True)
     got = oracle_ids(q, kc, meta, k, d ** -0.5)
     for r, (n, pl) in enumerate(zip(lens, lists, strict=True)):
         one = AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table[r:r + 1], slot_pages=z, slot_offsets=z,

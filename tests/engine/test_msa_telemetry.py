@@ -195,31 +195,21 @@ def test_a_decode_step_measured_at_once_equals_one_request_at_a_time():
     """`observe_layer` on a step of one query per request (scattered pages, unequal lengths) adds to every
     accumulator what `observe` adds for that request alone."""
     from engine.attention.dense import gather_kv
-    from engine.attention.meta import AttentionMeta
     from engine.msa.telemetry import observe_layer
+    from engine.testing import decode_step_meta
 
     g = torch.Generator().manual_seed(4)
     hq, hkv, d, B, k = 8, 2, 64, 128, 4
     lens = [129, 700, 1000, 511, 300]
     kc = torch.randn(40, hkv, B, d, generator=g)
-    perm = torch.randperm(40, generator=g).tolist()
-    lists, at = [], 0
-    for n in lens:
-        lists.append(perm[at:at + -(-n // B)])
-        at += len(lists[-1])
-    table = torch.full((len(lens), max(map(len, lists))), -1, dtype=torch.int32)
-    for r, pl in enumerate(lists):
-        table[r, :len(pl)] = torch.tensor(pl, dtype=torch.int32)
+    together = [SelectionTelemetry(n - 1) for n in lens]  # prompts of n - 1: this step's token is the first decode
+    meta = decode_step_meta(lens, 40, B, g, telemetry=together)
     q = torch.randn(len(lens), hq, d, generator=g) * 2
     ids = torch.stack([torch.tensor([[0, (n - 1) // B // 2, (n - 1) // B, -1]] * hkv, dtype=torch.int32)
                        for n in lens])
-    z = torch.zeros(1, dtype=torch.int32)
-    together = [SelectionTelemetry(n - 1) for n in lens]  # prompts of n - 1: this step's token is the first decode
-    meta = AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table, slot_pages=z, slot_offsets=z,
-                         q_lens=[1] * len(lens), kv_lens=lens, page_lists=lists, is_decode=True, telemetry=together)
     for layer in (2, 3):
         observe_layer(layer, q, kc, ids, meta, k, 0.125)
-    for r, (n, pl) in enumerate(zip(lens, lists, strict=True)):
+    for r, (n, pl) in enumerate(zip(lens, meta.page_lists, strict=True)):
         alone = SelectionTelemetry(n - 1)
         for layer in (2, 3):
             alone.observe(layer, q[r:r + 1], gather_kv(kc, pl, n), n - 1, ids[r:r + 1], B, k, 0.125)
