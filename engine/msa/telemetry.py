@@ -186,7 +186,8 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
     """One MSA layer call: each request of the batch with an accumulator in `meta.telemetry` adds its probe rows.
     q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding)."""
     accs = meta.telemetry or []
-    if len(meta.q_lens) > 1 and all(n == 1 for n in meta.q_lens) and all(a is not None for a in accs):
+    if accs and len(meta.q_lens) > 1 and all(n == 1 for n in meta.q_lens) and all(
+            a is not None and kl - 1 >= a.probe_from for a, kl in zip(accs, meta.kv_lens, strict=False)):
         return _observe_decode(layer, q, k_cache, ids, meta, topk, scale)
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
