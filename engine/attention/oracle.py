@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.dense import gather_kv, gather_pages
+from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
 from engine.attention.msa import CpuMaskedMSA, MSAAttention
-from engine.msa.recall import dense_probs, dense_probs_rows
+from engine.msa.recall import decode_step_probs, dense_probs
 
 # fp32 elements of the largest probability chunk [Tc, Hq, S] per device type: 64 MiB on a CPU, 1 GiB on a GPU
 # (a long prompt's masses in a few large launches instead of hundreds of small ones)
@@ -51,22 +51,14 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
 
 def _decode_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk: int, scale: float
                 ) -> torch.Tensor:
-    """`oracle_ids` of a step with one query per request: every request's pages gathered at once (`gather_pages`,
-    masked past each request's length), requests in chunks of at most `_MAX_ELEMENTS` gathered key elements."""
+    """`oracle_ids` of a step with one query per request: every request scored at once (`decode_step_probs`)."""
     from kernels.indexer.naive import select_blocks
 
-    r_all, hq, d = q.shape
-    hkv, block = k_cache.shape[1], k_cache.shape[2]
-    pos = torch.tensor(meta.kv_lens, device=q.device) - 1
-    npg = -(-max(meta.kv_lens) // block)
-    rows = max(1, _MAX_ELEMENTS.get(q.device.type, 1 << 24) // (hkv * npg * block * d))
+    hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     out = []
-    for r0 in range(0, r_all, rows):
-        r1 = min(r_all, r0 + rows)
-        k = gather_pages(k_cache, meta.page_table[r0:r1], npg)
-        p = dense_probs_rows(q[r0:r1], k, pos[r0:r1], scale)  # [n, Hq, S]
-        mass = p.view(r1 - r0, hkv, hq // hkv, npg * block).sum(2).view(r1 - r0, hkv, npg, block).sum(-1)
-        out.append(select_blocks(mass, pos[r0:r1] // block, topk))
+    for r0, r1, pos, p in decode_step_probs(q, k_cache, meta, scale, _MAX_ELEMENTS.get(q.device.type, 1 << 24)):
+        mass = p.view(r1 - r0, hkv, hq // hkv, -1).sum(2).view(r1 - r0, hkv, -1, block).sum(-1)
+        out.append(select_blocks(mass, pos // block, topk))
     return torch.cat(out)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.dense import gather_kv
+from engine.attention.dense import gather_kv, gather_pages
 from engine.attention.meta import AttentionMeta
 
 _MAX_ELEMENTS = 1 << 24
@@ -30,6 +30,22 @@ def dense_probs_rows(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, scale:
     sc = torch.einsum("nhgd,nhsd->nhgs", q.float().view(n, hkv, hq // hkv, d), k.float()).reshape(n, hq, s) * scale
     vis = torch.arange(s, device=q.device)[None, :] <= pos[:, None]
     return torch.softmax(sc.masked_fill(~vis[:, None, :], float("-inf")), dim=-1)
+
+
+def decode_step_probs(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, scale: float, max_elements: int):
+    """A step of one query per request (q `[R, Hq, d]`): yields (r0, r1, pos, p) per chunk of requests, p the
+    dense probabilities fp32 `[r1 - r0, Hq, S]` over each request's pages gathered at once (`gather_pages`;
+    S = the longest request's pages, masked past each one's position pos = kv_len - 1); a chunk holds at most
+    `max_elements` probabilities or gathered key elements."""
+    r_all, hq, d = q.shape
+    hkv, block = k_cache.shape[1], k_cache.shape[2]
+    pos = torch.tensor(meta.kv_lens, device=q.device) - 1
+    npg = -(-max(meta.kv_lens) // block)
+    rows = max(1, max_elements // (npg * block * max(hq, hkv * d)))
+    for r0 in range(0, r_all, rows):
+        r1 = min(r_all, r0 + rows)
+        k = gather_pages(k_cache, meta.page_table[r0:r1], npg)
+        yield r0, r1, pos[r0:r1], dense_probs_rows(q[r0:r1], k, pos[r0:r1], scale)
 
 
 def block_mask(ids: torch.Tensor, seq_len: int, block: int, group: int) -> torch.Tensor:

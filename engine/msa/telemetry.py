@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.dense import gather_kv, gather_pages
+from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
-from engine.msa.recall import dense_probs, dense_probs_rows
+from engine.msa.recall import decode_step_probs, dense_probs
 
 METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "layer_overlap", "decode_overlap")
 _PER_ROW = METRICS[:5]  # every probe row has these
@@ -201,20 +201,13 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
 def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,
                     topk: int, scale: float) -> None:
     """`observe_layer` for a step of one query per request (every decode token is a probe row): the rows of all
-    requests measured at once over their gathered pages (`gather_pages`, requests in chunks of at most
-    `_MAX_ELEMENTS` probabilities), then handed to each request's accumulator. A loop over 64 requests x 27
+    requests measured at once (`engine.msa.recall.decode_step_probs`, chunks of at most `_MAX_ELEMENTS`
+    elements), then handed to each request's accumulator. A loop over 64 requests x 27
     layers per step made a telemetry run several times slower than the attention it measures."""
-    n, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
-    pos = torch.tensor(meta.kv_lens, device=q.device) - 1
-    npg = -(-max(meta.kv_lens) // block)
-    step = max(1, _MAX_ELEMENTS // (hq * npg * block))
-    ids = ids[:n].clone()  # a decode plan reuses its ids buffer (and pads it past the batch)
-    parts = []
-    for r in range(0, n, step):
-        k = gather_pages(k_cache, meta.page_table[r:r + step], npg)
-        p = dense_probs_rows(q[r:r + step], k, pos[r:r + step], scale)
-        parts.append(row_metrics(p, pos[r:r + step], ids[r:r + step], hkv, block, topk))
+    ids = ids[:q.shape[0]].clone()  # a decode plan reuses its ids buffer (and pads it past the batch)
+    parts = [row_metrics(p, pos, ids[r0:r1], hkv, block, topk)
+             for r0, r1, pos, p in decode_step_probs(q, k_cache, meta, scale, _MAX_ELEMENTS)]
     rows = torch.cat(parts, dim=1)  # [5, n, Hkv]
     for r, acc in enumerate(meta.telemetry or []):
         acc.record(layer, meta.kv_lens[r] - 1, ids[r:r + 1], rows[:, r:r + 1])

@@ -62,27 +62,15 @@ def _aggregate(task_means: dict[str, float], cat_of: dict[str, str]) -> dict[str
     return out
 
 
-def _pairs(backends: list[str]) -> list[tuple[str, str]]:
-    """(sparse, dense) pairs: `<kind>:msa*` against `<kind>:dense` of the same run family."""
-    out = []
-    for a in backends:
-        head, _, tail = a.partition(":")
-        if tail.startswith("msa"):
-            suffix = tail.split("#", 1)[1] if "#" in tail else None
-            dense = f"{head}:dense" + (f"#{suffix}" if suffix else "")
-            if dense in backends:
-                out.append((a, dense))
-    return out
-
-
-def _indexer_pairs(backends: list[str]) -> list[tuple[str, str]]:
-    """(msa, msa-oracle) pairs of the same run family: the indexer's cost (the gate pairs against dense only)."""
+def _pairs(backends: list[str], base: str = "dense") -> list[tuple[str, str]]:
+    """(sparse, base) pairs of the same run family: `<kind>:msa*` against `<kind>:dense`; with base
+    "msa-oracle", `<kind>:msa` against `<kind>:msa-oracle` (the indexer's cost; the gate pairs against dense)."""
     out = []
     for a in backends:
         head, _, tail = a.partition(":")
         arm, sep, suffix = tail.partition("#")
-        if arm == "msa" and f"{head}:msa-oracle{sep}{suffix}" in backends:
-            out.append((a, f"{head}:msa-oracle{sep}{suffix}"))
+        if (arm.startswith("msa") if base == "dense" else arm == "msa") and f"{head}:{base}{sep}{suffix}" in backends:
+            out.append((a, f"{head}:{base}{sep}{suffix}"))
     return out
 
 
@@ -108,7 +96,7 @@ def build_report(records: list[SampleRecord], n_boot: int = 1000, seed: int = 0)
     rows.append({"kind": "overall", "category": "", "name": "overall (mean of categories)",
                  "cells": {Report.col(*c): _pct(agg[c].get(OVERALL)) for c in columns}, "n": {}})
     deltas = []
-    for a, b in _pairs(backends) + _indexer_pairs(backends):
+    for a, b in _pairs(backends) + _pairs(backends, "msa-oracle"):
         for n in lengths:
             deltas += _paired_deltas(records, a, b, n, cat_of, n_boot, seed)
     notes = []

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from msa_eval.report import build_report, load_runs
-from msa_eval.report.build import _indexer_pairs, _pairs
+from msa_eval.report.build import _pairs
 from msa_eval.report.stats import paired_bootstrap
 
 # the session fixture runs the real model: generous on a loaded machine (~1 min when idle)
@@ -69,4 +69,4 @@ def test_paired_bootstrap_and_pairing_rules():
     assert _pairs(["local:msa", "local:dense", "openai:x"]) == [("local:msa", "local:dense")]
     assert _pairs(["local:msa-ref#b", "local:dense#b", "local:dense"]) == [("local:msa-ref#b", "local:dense#b")]
     three = ["local:dense", "local:msa", "local:msa-oracle", "local:msa#r", "local:msa-oracle#r", "local:msa-ref"]
-    assert _indexer_pairs(three) == [("local:msa", "local:msa-oracle"), ("local:msa#r", "local:msa-oracle#r")]
+    assert _pairs(three, "msa-oracle") == [("local:msa", "local:msa-oracle"), ("local:msa#r", "local:msa-oracle#r")]
