@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# The main job (configs/helmet.yaml): niah_mk2 at 1K, 40 samples, arms dense / msa / msa-oracle, paired deltas
+# The main job (configs/helmet.yaml): niah_mk2 at 1K, 32 samples, arms dense / msa / msa-oracle, paired deltas
 # and keys read; every other category: `msa-eval run helmet_all --backend local`.
 run: $(STAMP)
 	$(VENV)/bin/msa-eval run helmet --backend local

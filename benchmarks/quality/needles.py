@@ -42,6 +42,7 @@ class Needles:
     recall: int = 4
     max_seqs: int = 64
     model: str = "smollm2-135m"
+    topk: int | None = None  # every MSA setting at this top-k (a suite's `msa_overrides`); None: each its own
 
 
 def shipped_adapter() -> Path:
@@ -131,6 +132,8 @@ def run(cfg: Needles) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         for spec in cfg.settings:
             name, model, attention, over = resolve_setting(cfg.model, spec, Path(d))
+            if cfg.topk is not None and attention != "dense":
+                over = {**over, "topk": cfg.topk}
             outs, wall = generate(model, attention, over, data, cfg.max_seqs)
             out.append({"bench": "needle_wall", "setting": name, "samples": len(data), "wall_s": wall})
             print(out[-1], flush=True)

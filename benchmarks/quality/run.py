@@ -37,15 +37,15 @@ PRESETS: dict[str, Preset] = {
     "needles-dev": Preset("dev split (seed 7), 50 per cell: dense and the shipped indexer with more dense layers; "
                           "picks the best", Needles(("dense", "max-d7=+", "max-d7-20=+20", "max-d7-20-23=+20,23"),
                                                     n=50, seed=7, recall=0), pick=True),
-    "calibrate-dev": Preset("real-text dev split (seed 7, 40 per cell, 4K-8K): dense, msa-oracle, the shipped "
-                            "indexer and the --setting variants; picks the best",
-                            Needles(("dense", "msa-oracle", "msa"), n=40, seed=7, lengths=(4096, 6144, 8192), recall=2),
-                            pick=True),
+    "calibrate-dev": Preset("real-text dev split (seed 7, 40 per cell, 2K-8K, every MSA setting at the helmet suite's "
+                            "top-k 4): dense, msa-oracle, the shipped indexer and the --setting variants; picks the best",
+                            Needles(("dense", "msa-oracle", "msa"), n=40, seed=7, lengths=(2048, 4096, 8192), recall=0,
+                                    topk=4), pick=True),
     "dense-runner": Preset("dense single needle through the runner on this machine (CPU: hours)",
                            runs=(dense("niah_single", "2k,4k", 20), dense("niah_single", "8k", 20),
                                  dense("niah_single_noise", "8k", 20),
                                  dense("niah_single,niah_single_noise", "7.5k", 12))),
-    "main-job": Preset("times `make run` (msa-eval run helmet --backend local: niah_mk2 at 1K, 40 samples, "
+    "main-job": Preset("times `make run` (msa-eval run helmet --backend local: niah_mk2 at 1K, 32 samples, "
                        "dense / msa / msa-oracle): wall, CPU, RSS, load",
                        runs=(RunnerRun(timed=True),)),
     "prompts": Preset("prompt construction of every recall task at 32K-1M (one sample each, cold piece counts; "
