@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
     ap.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
     ap.add_argument("--msa-topk", type=int, default=d.msa_topk,
                     help="MSA arms: blocks of keys each query reads (default: the model's indexer setting)")
+    ap.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
+                    help="tokens generated when a request gives no max_tokens / max_completion_tokens "
+                         "(capped by the context)")
     ap.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     a = ap.parse_args(argv)
     config = ServerConfig(model=a.model, attention=a.attention, host=a.host, port=a.port, max_batch=a.max_batch,
@@ -47,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
                           served_model_names=tuple(a.served_model_names), max_body_bytes=a.max_body_bytes,
                           weights=a.weights, kv_cache_tokens=a.kv_cache_tokens, dequant_cache=not a.no_dequant_cache,
                           reasoning_parser=a.reasoning_parser, tensor_parallel_size=a.tensor_parallel_size,
-                          msa_topk=a.msa_topk)
+                          msa_topk=a.msa_topk, default_max_tokens=a.default_max_tokens)
     return config, a.log_level
 
 

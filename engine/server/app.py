@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 
 from engine.server.async_engine import AsyncEngine, QueueFullError
 from engine.server.bodylimit import BodyLimit, default_max_body_bytes
@@ -45,8 +46,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {e.get('msg')}", (loc[0] if loc else None)
 
 
-_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, "
-           "/metrics")
+_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/models, /v1/models/{model}, /tokenize, /detokenize, "
+           "/tokenizer_info, /health, /metrics")
 
 
 def _http_error(request: Request, exc: HTTPException) -> ApiError:
@@ -81,15 +82,25 @@ def _on_step(metrics: ServerMetrics):
     return update
 
 
+def route_label(routes: list[BaseRoute], scope: dict) -> str:
+    """The route template a request matches (`/v1/models/{model}`), "other" for a path no route serves:
+    a metric label set bounded by the routes, whatever URLs clients probe."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:  # PARTIAL: the path matches, the method does not (a 405)
+            return getattr(route, "path", "other")
+    return "other"
+
+
 class _RequestMetrics:
-    """Pure ASGI middleware counting /v1/* requests by status and timing them.
+    """Pure ASGI middleware counting /v1/* requests by route template and status and timing them.
 
     (Not `@app.middleware("http")`: BaseHTTPMiddleware wraps `receive`, which hides a client's
     disconnect from `Request.is_disconnected()`.)
     """
 
-    def __init__(self, app: Any, metrics: ServerMetrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: Any, metrics: ServerMetrics, routes: list[BaseRoute]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -106,8 +117,9 @@ class _RequestMetrics:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            self.metrics.requests.labels(path, str(status[0])).inc()
-            self.metrics.latency.labels(path).observe(time.perf_counter() - start)
+            label = route_label(self.routes, scope)
+            self.metrics.requests.labels(label, str(status[0])).inc()
+            self.metrics.latency.labels(label).observe(time.perf_counter() - start)
 
 
 def build_app(llm: Any, config: ServerConfig) -> FastAPI:
@@ -115,6 +127,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics),
                          on_abort=metrics.aborted.inc)
     state = ServingState.build(llm, bridge, metrics, config.served_model_names)
+    state.default_max_tokens = config.default_max_tokens
     state.reasoning = reasoning_tags(config.reasoning_parser, getattr(llm.tokenizer, "chat_template", None))
     _ = state.max_prompt_chars  # scans the vocabulary once, at startup
 
@@ -128,7 +141,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     app.state.serving = state
 
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes or default_max_body_bytes(state.max_model_len))
-    app.add_middleware(_RequestMetrics, metrics=metrics)  # outermost: counts the 413s too
+    app.add_middleware(_RequestMetrics, metrics=metrics, routes=app.router.routes)  # outermost: counts the 413s too
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> Response:
@@ -169,10 +182,17 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
         metrics.running.set(bridge.admitted - len(bridge.waiting_first_token))
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def card(name: str) -> ModelCard:
+        return ModelCard(id=name, created=state.created, max_model_len=state.max_model_len)
+
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.max_model_len)
-                               for n in state.model_names])
+        return ModelList(data=[card(n) for n in state.model_names])
+
+    @app.get("/v1/models/{model:path}")  # :path: a served name may hold "/" (org/name)
+    async def model(model: str) -> ModelCard:
+        state.check_model(model)
+        return card(model)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):

@@ -4,6 +4,9 @@ Answers go through `engine.server.chatoutput`: reasoning blocks become `reasonin
 calls `tool_calls`. Streamed, text deltas are sent as soon as they are safe (engine.textstream,
 then chatoutput: with tools offered, content from where a call may begin is held to the end, when
 it is sent as content or as tool_calls deltas); the streamed fields equal the non-streamed ones.
+With `logprobs: true` (and `top_logprobs: K` alternatives) every generated token's log p comes from
+the engine's rows (`SamplingParams.logprobs`, the same rows as /v1/completions' logprobs) in OpenAI's
+`choices[0].logprobs.content` shape; streamed, each chunk carries the tokens generated since the last.
 The server's timing split goes out in `msa_eval_timings` (engine.server.timings): in the body, or in
 the last chunk (the usage chunk when `stream_options.include_usage`, else the finish_reason chunk).
 """
@@ -22,6 +25,7 @@ from starlette.background import BackgroundTask
 from engine.server.chatoutput import ChatOutput, ChatOutputParser
 from engine.server.errors import ApiError
 from engine.server.generation import Generation
+from engine.server.logprobs import chat_logprobs
 from engine.server.reasoning import prompt_opens_block
 from engine.server.schemas import (
     AssistantMessage,
@@ -30,6 +34,7 @@ from engine.server.schemas import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
+    ChatLogprobs,
     ChunkChoice,
     DeltaToolCall,
     ToolCallFunction,
@@ -67,10 +72,12 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request, st
     state.check_model(req.model)
     reject_unsupported(req)
     prompt_ids = await asyncio.to_thread(state.chat_prompt_ids, req)  # off the event loop: long prompts take a while
-    max_new = state.check_length(len(prompt_ids), req.max_new_tokens())
+    max_new = state.check_length(len(prompt_ids), req.max_new_tokens(), "messages")
     parser = _output_parser(req, state, prompt_ids)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    gen = Generation(state, request_id, prompt_ids, state.sampling_params(req, max_new), req.stop_strings())
+    top = (req.top_logprobs or 0) if req.logprobs else None  # engine rows: the token and `top` alternatives
+    gen = Generation(state, request_id, prompt_ids, state.sampling_params(req, max_new, logprobs=top),
+                     req.stop_strings())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(gen, req.model, parser, include_usage), media_type="text/event-stream",
@@ -82,9 +89,31 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request, st
     message = AssistantMessage(content=parsed.content, reasoning_content=parsed.reasoning_content, tool_calls=calls)
     return ChatCompletion(
         id=request_id, created=int(time.time()), model=req.model, usage=_usage(gen),
-        choices=[ChatChoice(index=0, message=message, finish_reason=_finish(parsed, gen))],
+        choices=[ChatChoice(index=0, message=message, finish_reason=_finish(parsed, gen),
+                            logprobs=_LogprobsCursor(gen).take(even_empty=True))],
         msa_eval_timings=gen.timings,
     )
+
+
+class _LogprobsCursor:
+    """The chat logprobs of the generated tokens not yet sent (every token's, reasoning and tool-call markup
+    included; none past the token that ended the text at a stop string), in order: streamed chunks
+    concatenate to the non-streamed list."""
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen, self.sent = gen, 0
+
+    def take(self, even_empty: bool = False) -> ChatLogprobs | None:
+        """The rows since the last take; None when logprobs were not asked for, or there are none new
+        (an empty list with `even_empty`: a non-streamed answer of no tokens)."""
+        if self.gen.params.logprobs is None:
+            return None
+        n = min(len(self.gen.token_logprobs), len(self.gen.token_ids))
+        if n <= self.sent and not even_empty:
+            return None
+        ids, rows = self.gen.token_ids[self.sent:n], self.gen.token_logprobs[self.sent:n]
+        self.sent = max(n, self.sent)
+        return chat_logprobs(self.gen.state.llm.tokenizer, ids, rows)
 
 
 def _text_delta(field: str, text: str) -> ChatDelta:
@@ -98,27 +127,31 @@ def _event(obj) -> str:
 async def _sse(gen: Generation, model: str, parser: ChatOutputParser, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
 
-    def chunk(delta: ChatDelta, finish: str | None = None, timings: dict[str, float] | None = None) -> str:
-        return _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model,
-                                          choices=[ChunkChoice(index=0, delta=delta, finish_reason=finish)],
+    cursor = _LogprobsCursor(gen)
+
+    def chunk(delta: ChatDelta, finish: str | None = None, timings: dict[str, float] | None = None,
+              logprobs: ChatLogprobs | None = None) -> str:
+        choice = ChunkChoice(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
+        return _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model, choices=[choice],
                                           msa_eval_timings=timings))
 
     yield chunk(ChatDelta(role="assistant", content=""))
     try:
         async for piece in gen.deltas():
             for field, text in parser.feed(piece):
-                yield chunk(_text_delta(field, text))
+                yield chunk(_text_delta(field, text), logprobs=cursor.take())
         rest, parsed = parser.finish()
         for field, text in rest:
-            yield chunk(_text_delta(field, text))
+            yield chunk(_text_delta(field, text), logprobs=cursor.take())
         for i, c in enumerate(parsed.tool_calls):
             fn = ToolCallFunction(name=c.name, arguments=c.arguments)
-            yield chunk(ChatDelta(tool_calls=[DeltaToolCall(index=i, id=c.id, type="function", function=fn)]))
+            yield chunk(ChatDelta(tool_calls=[DeltaToolCall(index=i, id=c.id, type="function", function=fn)]),
+                        logprobs=cursor.take())
         finish = _finish(parsed, gen)
     except ApiError as e:  # the status line is already sent: report in-band, OpenAI style
         yield f"data: {json.dumps(e.body())}\n\n"
         return
-    yield chunk(ChatDelta(), finish, None if include_usage else gen.timings)
+    yield chunk(ChatDelta(), finish, None if include_usage else gen.timings, logprobs=cursor.take())
     if include_usage:
         yield _event(ChatCompletionChunk(id=gen.request_id, created=created, model=model, choices=[],
                                          usage=_usage(gen), msa_eval_timings=gen.timings))

@@ -28,7 +28,8 @@ from starlette.background import BackgroundTask
 
 from engine.server.errors import ApiError
 from engine.server.generation import Generation
-from engine.server.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
+from engine.server.logprobs import completion_logprobs
+from engine.server.schemas import Completion, CompletionChoice, CompletionRequest, Usage
 from engine.server.state import ServingState, reject_unsupported
 
 
@@ -60,27 +61,6 @@ def _prompts(req: CompletionRequest, state: ServingState) -> list[list[int]]:
     return prompts
 
 
-def _logprobs(state: ServingState, ids: list[int], rows: list[tuple[Any, dict]], offset0: int) -> CompletionLogprobs:
-    """OpenAI's legacy logprobs object for `ids` and their engine rows (`engine.scoring.LogprobRow`)."""
-    if len(rows) != len(ids):
-        raise ValueError(f"{len(rows)} log-prob rows for {len(ids)} tokens")
-    tok = state.llm.tokenizer
-    tokens = [tok.decode([t], skip_special_tokens=False) for t in ids]
-    offsets, pos = [], offset0
-    for s in tokens:
-        offsets.append(pos)
-        pos += len(s)
-    tops: list[dict[str, float] | None] = []
-    for lp, top in rows:
-        if lp is None:
-            tops.append(None)
-            continue
-        tops.append({(tok.decode([k], skip_special_tokens=False) if isinstance(k, int) else str(k)): float(v)
-                     for k, v in (top or {}).items()})
-    return CompletionLogprobs(tokens=tokens, token_logprobs=[None if lp is None else float(lp) for lp, _ in rows],
-                              top_logprobs=tops, text_offset=offsets)
-
-
 def _engine_params(state: ServingState, req: CompletionRequest, max_new: int) -> Any:
     """One prompt's engine request: generation and, with `logprobs`, its scoring (the prompt's rows when
     echoed); None when there is nothing to run (max_tokens 0 without echo + logprobs)."""
@@ -101,7 +81,7 @@ async def _one(state: ServingState, req: CompletionRequest, index: int, prompt_i
     if req.logprobs is not None:  # rows from the same engine request (stop-string tail cut with the tokens)
         ids = (prompt_ids if req.echo else []) + gen_ids
         rows = ((gen.prompt_logprobs or []) if req.echo and gen else []) + (gen.token_logprobs if gen else [])
-        logprobs = _logprobs(state, ids, rows[:len(ids)], 0)
+        logprobs = completion_logprobs(state.llm.tokenizer, ids, rows[:len(ids)])
     timings = gen.timings if own_timings and gen is not None else None
     return CompletionChoice(index=index, text=prefix + text, finish_reason=finish, logprobs=logprobs,
                             msa_eval_timings=timings), len(gen_ids)
@@ -111,7 +91,7 @@ async def completions(req: CompletionRequest, http_request: Request, state: Serv
     state.check_model(req.model)
     reject_unsupported(req)
     prompts = await asyncio.to_thread(_prompts, req, state)  # off the event loop: long prompts take a while
-    max_new = [state.check_length(len(p), req.max_tokens) for p in prompts]
+    max_new = [state.check_length(len(p), req.max_tokens, "prompt") for p in prompts]
     if req.stream:
         if len(prompts) != 1 or req.echo or req.logprobs is not None:
             raise ApiError(400, "streaming completions take one prompt without echo or logprobs", param="stream")

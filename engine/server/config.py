@@ -29,6 +29,7 @@ class ServerConfig:
     tensor_parallel_size: int = 1  # engine processes the model runs over (engine.parallel)
     reasoning_parser: ReasoningParser = "auto"  # <think> blocks -> reasoning_content: auto = when the template has them
     msa_topk: int | None = None  # MSA arms: blocks each query reads (engine msa_overrides topk); None: the model's
+    default_max_tokens: int = 4096  # tokens generated when a request names no max_tokens (capped by the context)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0:
@@ -40,6 +41,8 @@ class ServerConfig:
                              f"got {self.reasoning_parser!r}")
         if self.msa_topk is not None and (isinstance(self.msa_topk, bool) or self.msa_topk < 1):
             raise ValueError(f"msa_topk must be >= 1, got {self.msa_topk}")
+        if isinstance(self.default_max_tokens, bool) or self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
 

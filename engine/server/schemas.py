@@ -17,6 +17,7 @@ from engine.server.jsonguard import RequestError, check_json
 
 _NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 _INT64 = 2**63
+MAX_TOP_LOGPROBS = 20  # alternatives per token (top_logprobs on chat, logprobs on completions), as OpenAI's cap
 
 
 class _Lenient(BaseModel):
@@ -153,7 +154,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -201,7 +202,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
 
 
@@ -223,11 +224,27 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCallModel] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """Chat's logprobs: one entry per generated token (engine.server.logprobs.chat_logprobs)."""
+
+    content: list[TokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -258,7 +275,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None  # the rows of the tokens generated since the previous chunk
 
 
 class ChatCompletionChunk(BaseModel):

@@ -22,6 +22,7 @@ class ServingState:
     model_names: tuple[str, ...]  # first is the canonical id
     created: int
     reasoning: ThinkTags | None = None  # the tags answers are split on (engine.server.reasoning), None: not split
+    default_max_tokens: int = 4096  # a request that names no limit generates at most this many (capped by context)
 
     @classmethod
     def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, extra_names: tuple[str, ...]) -> ServingState:
@@ -51,15 +52,17 @@ class ServingState:
             raise ApiError(404, f"model {name!r} is not served here; GET /v1/models lists {list(self.model_names)}",
                            param="model", code="model_not_found")
 
-    def check_length(self, prompt_len: int, max_new: int | None) -> int:
-        """Validate the prompt against the context limit; return the number of tokens to generate."""
+    def check_length(self, prompt_len: int, max_new: int | None, prompt_param: str) -> int:
+        """Validate the prompt against the context limit; return the number of tokens to generate
+        (no `max_new`: `default_max_tokens`, or the rest of the context when that is less).
+        `prompt_param`: the request field holding the prompt ("messages" on chat, "prompt")."""
         limit = self.max_model_len
         if prompt_len >= limit:
             raise ApiError(400, f"this model's maximum context length is {limit} tokens, but the prompt has "
-                                f"{prompt_len} tokens; shorten the prompt", param="messages",
+                                f"{prompt_len} tokens; shorten the prompt", param=prompt_param,
                            code="context_length_exceeded")
         if max_new is None:
-            return limit - prompt_len
+            return min(self.default_max_tokens, limit - prompt_len)
         if prompt_len + max_new > limit:
             raise ApiError(400, f"this model's maximum context length is {limit} tokens, but {prompt_len} prompt + "
                                 f"{max_new} completion tokens were requested; lower max_tokens to at most "
@@ -132,8 +135,6 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     if isinstance(req, CompletionRequest) and req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
-    if isinstance(req, ChatCompletionRequest) and req.logprobs:
-        raise ApiError(400, "logprobs are supported on /v1/completions only", param="logprobs")
     if isinstance(req, ChatCompletionRequest) and req.response_format and req.response_format.get("type") != "text":
         raise ApiError(400, "response_format other than {'type': 'text'} is not supported (no constrained decoding)",
                        param="response_format")

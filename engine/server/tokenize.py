@@ -1,6 +1,10 @@
 """Tokenizer endpoints in vLLM's shape, which lm-eval's `tokenizer_backend=remote` uses:
 GET /tokenizer_info, POST /tokenize ({"prompt"} or {"messages"}), POST /detokenize.
 
+`prompt` may also be a list of chat messages: lm-eval's remote tokenizer with `--apply_chat_template`
+sends the chat history it would render as `{"prompt": [{"role", "content"}, ...]}`; it is rendered
+through the chat template, as `messages` is.
+
 /tokenize takes text longer than the context (lm-eval tokenises long documents to truncate
 them); the body-size limit bounds it. Tokenising runs in a worker thread, off the event loop."""
 from __future__ import annotations
@@ -17,7 +21,7 @@ from engine.server.state import ServingState
 
 
 class TokenizeRequest(RequestBody):
-    prompt: str | None = None
+    prompt: str | list[ChatMessage] | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -41,10 +45,12 @@ def tokenizer_router(state: ServingState) -> APIRouter:
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
         if (req.prompt is None) == (req.messages is None):
             raise ApiError(400, "give exactly one of prompt or messages", param="prompt")
-        if req.prompt is not None:
+        if isinstance(req.prompt, list) and not req.prompt:
+            raise ApiError(400, "prompt as chat messages must hold at least one message", param="prompt")
+        if isinstance(req.prompt, str):
             ids = await asyncio.to_thread(state.encode, req.prompt, req.add_special_tokens)
         else:
-            msgs = [{"role": m.role, "content": m.text()} for m in req.messages or []]
+            msgs = [{"role": m.role, "content": m.text()} for m in req.prompt or req.messages or []]
             text = await asyncio.to_thread(state.apply_template, msgs, None, req.add_generation_prompt)
             ids = await asyncio.to_thread(state.encode, text)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}

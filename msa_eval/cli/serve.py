@@ -35,12 +35,15 @@ _D = ServerConfig()  # the defaults, shared with `python -m engine.server`
 @click.option("--msa-topk", type=int, default=_D.msa_topk,
               help="MSA arms: blocks of keys each query reads (default: the model's indexer setting; "
                    "`msa-eval run` suites set it with msa_overrides.topk).")
+@click.option("--default-max-tokens", default=_D.default_max_tokens, show_default=True, type=int,
+              help="Tokens generated when a request gives no max_tokens / max_completion_tokens (capped by the "
+                   "context).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch: int, max_queue: int,
           max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
           weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, tensor_parallel_size: int,
-          reasoning_parser: str, msa_topk: int | None, log_level: str) -> None:
+          reasoning_parser: str, msa_topk: int | None, default_max_tokens: int, log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""
     import uvicorn
 
@@ -54,7 +57,8 @@ def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch:
                               served_model_names=served_names, max_body_bytes=max_body_bytes, weights=weights,
                               kv_cache_tokens=kv_cache_tokens or None, dequant_cache=not no_dequant_cache,
                               tensor_parallel_size=tensor_parallel_size,
-                              reasoning_parser=reasoning_parser, msa_topk=msa_topk)  # type: ignore[arg-type]
+                              reasoning_parser=reasoning_parser, msa_topk=msa_topk,  # type: ignore[arg-type]
+                              default_max_tokens=default_max_tokens)
         app = create_app(config)
     except ValueError as e:
         raise MsaEvalError(f"bad serve option: {e}") from e

@@ -156,8 +156,9 @@ def test_full_server_answers_429_and_recovers(base_url, client):
         for _ in range(32):
             r = stack.enter_context(httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=60))
             assert r.status_code == 200
-        with pytest.raises(openai.RateLimitError, match="capacity"):
+        with pytest.raises(openai.RateLimitError, match="capacity") as e:
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert int(e.value.response.headers["retry-after"]) >= 1  # the client's retries wait for it
     deadline = time.monotonic() + 60  # closing the 32 streams aborts them and frees every slot
     while _metric(base_url, "msa_requests_aborted_total") < aborted_before + 32 and time.monotonic() < deadline:
         time.sleep(0.2)
