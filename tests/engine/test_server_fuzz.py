@@ -82,8 +82,8 @@ def schema(server):
 
 def _operations() -> list[tuple[str, str]]:
     return [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/tokenize"),
-            ("POST", "/detokenize"), ("GET", "/v1/models"), ("GET", "/tokenizer_info"), ("GET", "/health"),
-            ("GET", "/metrics")]
+            ("POST", "/detokenize"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("GET", "/tokenizer_info"),
+            ("GET", "/health"), ("GET", "/metrics")]
 
 
 _UNSUPPORTED = ("n", "presence_penalty", "frequency_penalty", "logit_bias", "suffix", "response_format", "top_logprobs")
@@ -99,7 +99,7 @@ def _bounded(path: str, body, positive: bool):
     if isinstance(body.get("model"), str):
         body["model"] = MODEL
     if positive:
-        for key in _UNSUPPORTED + (("logprobs",) if path == "/v1/chat/completions" else ()):
+        for key in _UNSUPPORTED:
             body.pop(key, None)
         if path == "/v1/completions" and isinstance(body.get("prompt"), list):
             body["prompt"] = [[abs(t) % VOCAB for t in x] if isinstance(x, list) else
