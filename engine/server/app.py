@@ -83,7 +83,7 @@ def _on_step(metrics: ServerMetrics):
 
 
 def route_label(routes: list[BaseRoute], scope: dict) -> str:
-    """The route template a request matches (`/v1/models/{model}`), "other" for a path no route serves:
+    """The route template a request matches (`/v1/models/{model:path}`), "other" for a path no route serves:
     a metric label set bounded by the routes, whatever URLs clients probe."""
     for route in routes:
         match, _ = route.matches(scope)
