@@ -37,8 +37,9 @@ PRESETS: dict[str, Preset] = {
     "needles-dev": Preset("dev split (seed 7), 50 per cell: dense and the shipped indexer with more dense layers; "
                           "picks the best", Needles(("dense", "max-d7=+", "max-d7-20=+20", "max-d7-20-23=+20,23"),
                                                     n=50, seed=7, recall=0), pick=True),
-    "calibrate-dev": Preset("real-text dev split (seed 7, 40 per cell, 2K-8K, every MSA setting at the helmet suite's "
-                            "top-k 4): dense, msa-oracle, the shipped indexer and the --setting variants; picks the best",
+    "calibrate-dev": Preset("real-text dev split (seed 7, 40 per cell, 2K-8K, every MSA setting at the helmet "
+                            "suite's top-k 4): dense, msa-oracle, the shipped indexer and the --setting variants; "
+                            "picks the best",
                             Needles(("dense", "msa-oracle", "msa"), n=40, seed=7, lengths=(2048, 4096, 8192), recall=0,
                                     topk=4), pick=True),
     "dense-runner": Preset("dense single needle through the runner on this machine (CPU: hours)",

@@ -26,10 +26,13 @@ if TYPE_CHECKING:
               show_default=True, help="One-sided significance level of each cell's test.")
 @click.option("--bootstrap", type=click.IntRange(min=100), default=2000, show_default=True,
               help="Bootstrap resamples per cell.")
+@click.option("--shared-samples", is_flag=True,
+              help="Gate the samples both arms hold (an unfinished run) instead of refusing arms whose sample "
+                   "sets differ; a line says how many were left out. Prompt hashes must still agree.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 @click.pass_context
 def gate(ctx: click.Context, run_a: Path, run_b: Path | None, arms: tuple[str, ...], max_drop: float,
-         alpha: float, bootstrap: int, as_json: bool) -> None:
+         alpha: float, bootstrap: int, shared_samples: bool, as_json: bool) -> None:
     """Per task x length, is arm A significantly more than POINTS below arm B on the same samples?
 
     A cell FAILs when the upper bound of the (1 - 2 alpha) paired bootstrap interval of
@@ -43,6 +46,7 @@ def gate(ctx: click.Context, run_a: Path, run_b: Path | None, arms: tuple[str, .
     msa-eval gate RUN --arms msa,msa-oracle    # two named arms of one run
     msa-eval gate RUN_A RUN_B                  # same arms of two runs (or their only arms)
     msa-eval gate RUN_A RUN_B --arms msa,dense # A's msa vs B's dense
+    msa-eval gate RUN_A RUN_B --shared-samples # one run unfinished: the samples both hold
     """
     from msa_eval.errors import MsaEvalError
     from msa_eval.report.gate import GateConfig, resolve_pairs, run_gate
@@ -55,8 +59,9 @@ def gate(ctx: click.Context, run_a: Path, run_b: Path | None, arms: tuple[str, .
         names.append((parts[0], parts[1]))
     loaded_a = _load(run_a)
     loaded_b = _load(run_b) if run_b is not None else None
-    cfg = GateConfig(max_drop=max_drop, alpha=alpha, n_boot=bootstrap)
-    result = run_gate(resolve_pairs(loaded_a, loaded_b, names), cfg)
+    cfg = GateConfig(max_drop=max_drop, alpha=alpha, n_boot=bootstrap, shared_only=shared_samples)
+    pairs = resolve_pairs(loaded_a, loaded_b, names)
+    result = run_gate(pairs, cfg)
     if as_json:
         display.print_json(result.to_dict())
     else:
@@ -69,6 +74,10 @@ def gate(ctx: click.Context, run_a: Path, run_b: Path | None, arms: tuple[str, .
         display.stream_text(result.summary() + "\n")
     if note := result.error_note():
         display.warning_line(note)
+    for a, b in pairs if shared_samples else ():
+        if left := len(set(a.records) ^ set(b.records)):
+            display.warning_line(f"{a.label} vs {b.label}: {left} samples held by one arm only were left out "
+                                 "(--shared-samples)")
     if result.failed:
         ctx.exit(1)
 

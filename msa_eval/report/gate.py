@@ -34,6 +34,7 @@ class GateConfig:
     alpha: float = 0.05  # one-sided level of each cell's test
     n_boot: int = 2000
     seed: int = 0
+    shared_only: bool = False  # gate the samples both arms hold (an unfinished run), not refuse the pair
 
 
 @dataclass(frozen=True)
@@ -123,29 +124,39 @@ def resolve_pairs(run_a: LoadedRun, run_b: LoadedRun | None,
                        f"{', '.join(keys_b)}) share no arm: name the two with --arms A_ARM,B_ARM")
 
 
-def check_same_prompts(a: Arm, b: Arm) -> None:
-    """Refuse a pair whose samples differ: both must hold the same (task, length, sample id)s
-    with the same prompt hashes. Names the first mismatching cell."""
-    for key in sorted(set(a.records) | set(b.records), key=lambda k: (k[0], k[1], k[2])):
+def check_same_prompts(a: Arm, b: Arm, shared_only: bool = False) -> list[CellKey]:
+    """The (task, length, sample id)s to pair. Refuses a pair whose samples differ: both must hold
+    the same keys (`shared_only`: the keys both hold, at least one) with the same prompt hashes.
+    Names the first mismatching cell."""
+    keys = sorted(set(a.records) | set(b.records), key=lambda k: (k[0], k[1], k[2]))
+    shared = []
+    for key in keys:
         ra, rb = a.records.get(key), b.records.get(key)
         task, length, sid = key
         cell = f"{task} @{length_label(length)} sample {sid}"
         if ra is None or rb is None:
+            if shared_only:
+                continue
             where = b.label if ra is None else a.label
             raise MsaEvalError(f"{a.label} and {b.label} do not share prompts: {cell} is only in {where}; "
                                "the gate pairs runs of the same suite, tasks, lengths, samples and seed: "
-                               "rerun one with the other's settings")
+                               "rerun one with the other's settings (or resume the unfinished one), or pass "
+                               "--shared-samples to gate the samples both hold")
         if ra.prompt_hash != rb.prompt_hash:
             raise MsaEvalError(f"{a.label} and {b.label} do not share prompts: {cell} has prompt hash "
                                f"{ra.prompt_hash} vs {rb.prompt_hash}; the gate pairs runs of the same "
                                "suite, tasks, lengths, samples and seed: rerun one with the other's settings")
+        shared.append(key)
+    if not shared:
+        raise MsaEvalError(f"{a.label} and {b.label} share no sample: the gate pairs runs of the same suite, "
+                           "tasks, lengths, samples and seed")
+    return shared
 
 
 def gate_pair(a: Arm, b: Arm, cfg: GateConfig) -> list[CellVerdict]:
-    """The verdict of every task x length cell of the pair (after `check_same_prompts`)."""
-    check_same_prompts(a, b)
+    """The verdict of every task x length cell of the pair (on the keys `check_same_prompts` gives)."""
     cells: dict[tuple[str, int], list[CellKey]] = {}
-    for key in sorted(a.records):
+    for key in check_same_prompts(a, b, cfg.shared_only):
         cells.setdefault(key[:2], []).append(key)
     out = []
     for (task, length), keys in sorted(cells.items()):

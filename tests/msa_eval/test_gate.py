@@ -186,6 +186,24 @@ def _one_error_line(p, text: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], p.stderr
 
 
+def test_shared_samples_gates_an_unfinished_run_on_what_both_hold(tmp_path, run_cli):
+    """An interrupted run: refused by default (naming --shared-samples), gated on the shared samples
+    with the flag (the left-out count said), and a changed prompt is still refused."""
+    full = _run(tmp_path, "full", _arm_records("local:dense", _scores(40, 40)))
+    part = _run(tmp_path, "part", _arm_records("local:msa", _scores(25, 5)))
+    _one_error_line(_gate(run_cli, part, full), "pass --shared-samples to gate the samples both hold")
+    p = _gate(run_cli, part, full, "--shared-samples", "--json")
+    res = json.loads(p.stdout)
+    assert p.returncode == 1 and res["cells"][0]["n"] == 25 and res["cells"][0]["verdict"] == "FAIL"
+    assert "15 samples held by one arm only were left out" in p.stderr
+    same = _run(tmp_path, "same", _arm_records("local:msa", _scores(25, 25)))
+    assert _gate(run_cli, same, full, "--shared-samples").returncode == 0
+    other = _arm_records("local:msa", _scores(25, 25))
+    other[3] = _rec("local:msa", 3, 1.0, prompt_hash="another-prompt")
+    _one_error_line(_gate(run_cli, _run(tmp_path, "changed", other), full, "--shared-samples"),
+                    "niah_single @2k sample niah_single-2048-3 has prompt hash")
+
+
 def test_bad_input(tmp_path, run_cli):
     dense = _arm_records("local:dense", _scores(20, 10))
     good = _run(tmp_path, "good", dense + _arm_records("local:msa", _scores(20, 10)))
