@@ -10,6 +10,10 @@ probe row contributes (one row = one query position; every value lies in [0, 1])
   the group's query heads: the top k - 1 earlier blocks, the own block forced). A block of the indexer
   whose mass is within 1e-6 of the oracle's smallest history block counts as the oracle's (equal masses
   are equally good choices; float rounding must not flip them).
+- `far_recall`: `recall` over the oracle's *far* blocks only: its history blocks other than the context's
+  first block (the attention sink) and the block just before the query's own (ids 1 .. pos // B - 2). A needle
+  the question must find is one of these; sink and neighbour blocks are easy and make up most of `recall`.
+  Rows whose oracle keeps no far block add nothing (per KV group).
 - `mass`: the dense attention mass inside the indexer's blocks (group mean over its query heads);
   `mass_recall`: that mass / the mass inside the oracle's blocks (1 = as good as the best choice).
 - `keys_read`: keys the attention reads for the row / keys dense attention reads: the selected blocks'
@@ -44,11 +48,12 @@ from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
 from engine.msa.recall import decode_step_probs, dense_probs
 
-METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "layer_overlap", "decode_overlap")
-_PER_ROW = METRICS[:5]  # every probe row has these
+METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "far_recall", "layer_overlap",
+           "decode_overlap")
+_PER_ROW = METRICS[:6]  # every probe row has these (far_recall NaN where the oracle keeps no far block)
 _MAX_ELEMENTS = 1 << 24  # fp32 probabilities per chunk [rows, Hq, S]
 _TIE = 1e-6  # block masses this close to the oracle's smallest kept mass count as the oracle's
-VERSION = 1
+VERSION = 2  # 2: far_recall, counts per KV group
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,8 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int, block: int, topk: int
                 ) -> torch.Tensor:
     """Probe rows: their dense probabilities p fp32 `[n, Hq, S]` (`dense_probs`; keys past a row's position have
-    0), positions `[n]`, the indexer's ids `[n, Hkv, topk]` -> fp32 `[5, n, Hkv]`: recall, mass_recall, mass,
-    keys_read, local_share (module docstring)."""
+    0), positions `[n]`, the indexer's ids `[n, Hkv, topk]` -> fp32 `[6, n, Hkv]`: recall, mass_recall, mass,
+    keys_read, local_share, far_recall (NaN where the oracle keeps no far block; module docstring)."""
     from kernels.indexer.naive import select_blocks
 
     n, hq, s = p.shape
@@ -93,12 +98,18 @@ def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int,
     floor = mass.masked_fill(~history, float("inf")).amin(-1, keepdim=True)  # oracle's smallest kept mass
     hit = orc_m | (mass >= floor - _TIE) & (torch.arange(nb, device=dev) < own[:, None, None])
     recall = (sel_m & hit).sum(-1) / orc_m.sum(-1)
+    bid = torch.arange(nb, device=dev)
+    far = ((bid >= 1) & (bid[None, :] <= own[:, None] - 2))[:, None, :]  # [n, 1, nb]
+    n_far = (orc_m & far).sum(-1)
+    far_recall = ((sel_m & hit & far).sum(-1) / n_far.clamp(min=1)).clamp(max=1.0)
+    far_recall = far_recall.masked_fill(n_far == 0, float("nan"))
     starts = torch.arange(nb, device=dev) * block
     valid = (pos[:, None] + 1 - starts[None, :]).clamp(0, block)  # [n, nb] keys of each block up to pos
     keys = (sel_m * valid[:, None, :]).sum(-1) / (pos[:, None] + 1)
     local = mass.gather(2, own.view(n, 1, 1).expand(n, hkv, 1))[..., 0]
-    out = torch.stack([recall.clamp(max=1.0), (m_sel / m_orc.clamp(min=1e-30)).clamp(max=1.0), m_sel, keys, local])
-    return out.float().clamp(0.0, 1.0)
+    out = torch.stack([recall.clamp(max=1.0), (m_sel / m_orc.clamp(min=1e-30)).clamp(max=1.0), m_sel, keys, local,
+                       far_recall])
+    return out.float().clamp(0.0, 1.0)  # clamp keeps NaN
 
 
 class SelectionTelemetry:
@@ -108,19 +119,20 @@ class SelectionTelemetry:
         self.config = config or TelemetryConfig()
         self.prompt_len = prompt_len
         self.probe_from = max(0, prompt_len - self.config.probe_queries)
-        self.sums: dict[int, torch.Tensor] = {}  # layer -> [7, Hkv] fp64 (on the device: no sync per layer)
-        self.counts: dict[int, list[int]] = {}  # layer -> rows per metric
+        self.sums: dict[int, torch.Tensor] = {}  # layer -> [metrics, Hkv] fp64 (on the device: no sync per layer)
+        self.counts: dict[int, torch.Tensor] = {}  # layer -> [metrics, Hkv] rows with a value
         self.prefill_probes = self.decode_tokens = 0
         self._last_layer: tuple[int, int, torch.Tensor] | None = None  # (layer, first pos, ids) of this forward
         self._last_token: dict[int, tuple[int, torch.Tensor]] = {}  # layer -> (pos, ids [Hkv, k]) of the last row
 
     def _add(self, layer: int, metric: int, values: torch.Tensor) -> None:
-        """values `[n, Hkv]` summed into `layer`'s row of `metric`."""
+        """values `[n, Hkv]` (NaN: no value) summed into `layer`'s row of `metric`."""
         if layer not in self.sums:
             self.sums[layer] = torch.zeros(len(METRICS), values.shape[1], dtype=torch.float64, device=values.device)
-            self.counts[layer] = [0] * len(METRICS)
-        self.sums[layer][metric] += values.sum(0).double()
-        self.counts[layer][metric] += values.shape[0]
+            self.counts[layer] = torch.zeros_like(self.sums[layer])
+        has = ~torch.isnan(values)
+        self.sums[layer][metric] += torch.where(has, values, 0).sum(0).double()
+        self.counts[layer][metric] += has.sum(0).double()
 
     def observe(self, layer: int, q: torch.Tensor, k: torch.Tensor, pos0: int, ids: torch.Tensor, block: int,
                 topk: int, scale: float) -> None:
@@ -138,7 +150,7 @@ class SelectionTelemetry:
         self.record(layer, pos0, ids, rows)
 
     def record(self, layer: int, pos0: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Add the measured probe rows (`row_metrics`' `[5, n, Hkv]`) at positions pos0.. with their ids (kept)."""
+        """Add the measured probe rows (`row_metrics`' `[6, n, Hkv]`) at positions pos0.. with their ids (kept)."""
         n = ids.shape[0]
         for i in range(len(_PER_ROW)):
             self._add(layer, i, rows[i])
@@ -165,13 +177,13 @@ class SelectionTelemetry:
         layers = sorted(self.sums)
         per: dict[str, list] = {m: [] for m in METRICS}
         for layer in layers:
-            vals = self.sums[layer].cpu()
+            vals, counts = self.sums[layer].cpu(), self.counts[layer].cpu()
             for i, m in enumerate(METRICS):
-                c = self.counts[layer][i]
-                per[m].append([round(float(v) / c, 4) for v in vals[i]] if c else None)
+                row = [round(float(v) / float(c), 4) if c else None for v, c in zip(vals[i], counts[i], strict=True)]
+                per[m].append(row if any(v is not None for v in row) else None)
         mean = {}
         for m in METRICS:
-            cells = [v for row in per[m] if row is not None for v in row]
+            cells = [v for row in per[m] if row is not None for v in row if v is not None]
             mean[m] = round(sum(cells) / len(cells), 4) if cells else None
         out: dict[str, object] = {"version": VERSION, "probe_queries": self.config.probe_queries,
                                   "prefill_probes": self.prefill_probes, "decode_tokens": self.decode_tokens,
@@ -208,6 +220,6 @@ def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: tor
     ids = ids[:q.shape[0]].clone()  # a decode plan reuses its ids buffer (and pads it past the batch)
     parts = [row_metrics(p, pos, ids[r0:r1], hkv, block, topk)
              for r0, r1, pos, p in decode_step_probs(q, k_cache, meta, scale, _MAX_ELEMENTS)]
-    rows = torch.cat(parts, dim=1)  # [5, n, Hkv]
+    rows = torch.cat(parts, dim=1)  # [6, n, Hkv]
     for r, acc in enumerate(meta.telemetry or []):
         acc.record(layer, meta.kv_lens[r] - 1, ids[r:r + 1], rows[:, r:r + 1])

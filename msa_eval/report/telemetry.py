@@ -11,7 +11,7 @@ from typing import Any
 
 from msa_eval.runner.records import SampleRecord
 
-METRICS = ("recall", "mass_recall", "keys_read", "local_share", "layer_overlap", "decode_overlap")
+METRICS = ("recall", "far_recall", "mass_recall", "keys_read", "local_share", "layer_overlap", "decode_overlap")
 FIELDS = ("backend", "task", "length", *METRICS, "samples")
 DEPTH_BINS = 10  # needle depth 0..1 in tenths
 
@@ -41,8 +41,8 @@ def telemetry_rows(records: list[SampleRecord]) -> list[dict[str, Any]]:
 
 
 def layer_means(tel: dict[str, Any], metric: str = "recall") -> dict[int, float]:
-    """One sample's {layer: mean over KV groups} of `metric` (layers without a value left out)."""
-    vals = tel.get(metric) or []
+    """One sample's {layer: mean over KV groups} of `metric` (layers and groups without a value left out)."""
+    vals = [[v for v in g if v is not None] if g else None for g in tel.get(metric) or []]
     return {layer: sum(g) / len(g) for layer, g in zip(tel.get("layers", []), vals, strict=False) if g}
 
 
@@ -53,7 +53,7 @@ def telemetry_layers(records: list[SampleRecord]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"backend": b, "task": t, "length": n, "samples": len(tels)}
         layers = sorted({layer for x in tels for layer in x.get("layers", [])})
         entry["layers"] = layers
-        for m in ("recall", "mass_recall", "keys_read", "layer_overlap"):
+        for m in ("recall", "far_recall", "mass_recall", "keys_read", "layer_overlap"):
             per = [layer_means(x, m) for x in tels]
             entry[m] = [_mean([p[layer] for p in per if layer in p]) for layer in layers]
         out.append(entry)

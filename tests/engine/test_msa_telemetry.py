@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import EngineError
-from engine.msa.telemetry import METRICS, SelectionTelemetry, TelemetryConfig, overlap
+from engine.msa.telemetry import METRICS, SelectionTelemetry, TelemetryConfig, overlap, row_metrics
 
 PROMPT = 600  # 5 blocks of 128: top-4 must choose
 SHORT = 300  # 3 blocks: top-4 keeps every block
@@ -46,8 +46,12 @@ def _check_shape_and_range(tel: dict, llm) -> None:
             if m == "layer_overlap" and i == len(layers) - 1:
                 assert row is None  # no next MSA layer
                 continue
-            assert len(row) == llm.config.num_kv_heads and all(0.0 <= v <= 1.0 for v in row), (m, row)
-        assert 0.0 <= tel["mean"][m] <= 1.0
+            if m == "far_recall" and row is None:
+                continue  # the oracle kept no far block in this layer
+            assert len(row) == llm.config.num_kv_heads, (m, row)
+            assert all(0.0 <= v <= 1.0 for v in row if v is not None or m != "far_recall"), (m, row)
+        if m != "far_recall" or tel["mean"][m] is not None:
+            assert 0.0 <= tel["mean"][m] <= 1.0
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +75,7 @@ def test_every_block_kept_is_perfect_recall(msa4):
     _check_shape_and_range(tel, msa4)
     for m in ("recall", "mass_recall", "keys_read", "layer_overlap", "decode_overlap"):
         assert tel["mean"][m] == 1.0, (m, tel["mean"][m])
+    assert tel["mean"]["far_recall"] is None  # 3 blocks: the first, the neighbour, the own; nothing far
     assert tel["mean"]["mass"] == pytest.approx(1.0, abs=1e-4)
 
 
@@ -113,6 +118,28 @@ def test_overlap_and_layer_overlap_of_identical_selections():
     s = acc.summary()
     assert s["layers"] == [2, 3, 5] and s["layer_overlap"][:2] == [[1.0, 1.0], [1.0, 1.0]]
     assert s["layer_overlap"][2] is None and s["prefill_probes"] == 8 and s["decode_overlap"] is None
+
+
+def test_far_recall_sees_the_needle_block_that_recall_averages_away():
+    """Five blocks of 4 keys, the query in the last: the oracle keeps the sink (0), a far block (2: the
+    needle) and the neighbour (3). An indexer that takes block 1 instead of the needle still has recall 3/4
+    (own block included) but far_recall 0; taking the needle gives 1. A row whose oracle keeps no far block
+    has no far_recall (NaN), and the accumulator leaves it out."""
+    p = torch.zeros(1, 1, 20)
+    p[0, 0, [0, 9, 13, 19]] = torch.tensor([0.3, 0.3, 0.2, 0.2])  # blocks 0, 2, 3, own (4)
+    pos = torch.tensor([19])
+    miss = row_metrics(p, pos, torch.tensor([[[0, 1, 3, 4]]]), 1, 4, 4)
+    hit = row_metrics(p, pos, torch.tensor([[[0, 2, 3, 4]]]), 1, 4, 4)
+    far = METRICS.index("far_recall")
+    assert miss[0].item() == pytest.approx(0.75) and miss[far].item() == 0.0
+    assert hit[0].item() == 1.0 and hit[far].item() == 1.0
+    acc = SelectionTelemetry(prompt_len=20, config=TelemetryConfig(probe_queries=2))
+    other = miss.clone()
+    other[far] = float("nan")  # a second row whose oracle keeps no far block
+    acc.record(2, 18, torch.tensor([[[0, 1, 3, 4]], [[0, 1, 3, 4]]]), torch.cat([other, miss], dim=1))
+    acc.record(3, 18, torch.tensor([[[0, 2, 3, 4]], [[0, 2, 3, 4]]]), torch.cat([hit, hit], dim=1))
+    s = acc.summary()
+    assert s["far_recall"] == [[0.0], [1.0]] and s["recall"] == [[0.75], [1.0]] and s["mean"]["far_recall"] == 0.5
 
 
 def test_bad_input_is_one_line():

@@ -18,11 +18,12 @@ def _telemetry(recall: float) -> dict:
     """A record's `msa_telemetry` as engine/msa/telemetry.py writes it: 3 MSA layers x 2 KV groups."""
     per = {m: [[v, v] for v in (recall, recall / 2, 1.0)] for m in
            ("recall", "mass_recall", "mass", "keys_read", "local_share")}
+    per["far_recall"] = [[recall, None], None, [1.0, 1.0]]  # None: the oracle kept no far block there
     per["layer_overlap"] = [[0.5, 0.5], [0.25, 0.25], None]
     per["decode_overlap"] = [[1.0, 1.0]] * 3
-    mean = {m: sum(v for row in rows if row for v in row) / sum(len(row) for row in rows if row)
-            for m, rows in per.items()}
-    return {"version": 1, "probe_queries": 64, "prefill_probes": 64, "decode_tokens": 3, "decode": "eager",
+    cells = {m: [v for row in rows if row for v in row if v is not None] for m, rows in per.items()}
+    mean = {m: sum(v) / len(v) for m, v in cells.items()}
+    return {"version": 2, "probe_queries": 64, "prefill_probes": 64, "decode_tokens": 3, "decode": "eager",
             "layers": LAYERS, **per, "mean": mean}
 
 
@@ -58,6 +59,7 @@ def test_telemetry_table_per_arm_task_length_and_per_layer(tmp_path):
     # per sample: mean of (r, r/2, 1) over layers; over samples r = 0.4..0.7
     assert msa["recall"] == pytest.approx((0.55 * 1.5 + 1) / 3, abs=1e-4) and msa["samples"] == 4
     assert msa["layer_overlap"] == pytest.approx(0.375) and msa["decode_overlap"] == 1.0
+    assert msa["far_recall"] == pytest.approx((0.55 + 2) / 3, abs=1e-4)
     assert rows[("local:msa-oracle", "json_kv", 2048)]["recall"] == pytest.approx((1 + 0.5 + 1) / 3, abs=1e-4)
     assert all(0 <= t[m] <= 1 for t in rep.telemetry for m in FIELDS[3:-1])
     layers = [x for x in rep.telemetry_layers if x["backend"] == "local:msa" and x["length"] == 2048
@@ -73,6 +75,10 @@ def test_telemetry_table_per_arm_task_length_and_per_layer(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert len(data["telemetry"]) == 6 and data["telemetry_layers"][0]["layers"] == LAYERS
     assert not build_report([r for r in recs if r.backend == "local:dense"], n_boot=10).telemetry  # dense: none
+    old = _rec("local:msa", "niah_single", 2048, 9, 1.0, 0.5, 0.5)  # a version-1 record: no far_recall
+    old.msa_telemetry.pop("far_recall"), old.msa_telemetry["mean"].pop("far_recall")
+    [row] = build_report([old], n_boot=10).telemetry
+    assert row["far_recall"] is None and row["recall"] == pytest.approx((0.5 + 0.25 + 1) / 3, abs=1e-4)
 
 
 def test_recall_by_layer_x_depth_plot_and_score_vs_length_per_task(tmp_path):
