@@ -16,6 +16,7 @@ COMMANDS = Registry(
     table={
         "agent": "msa_eval.cli.agent:agent",
         "gate": "msa_eval.cli.gate:gate",
+        "export": "msa_eval.cli.export:export",
         "generate": "msa_eval.cli.generate:generate",
         "models": "msa_eval.cli.models:models",
         "report": "msa_eval.cli.report:report",

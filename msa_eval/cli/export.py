@@ -1,0 +1,46 @@
+"""`msa-eval export RUN_DIR --format parquet|jsonl|hf --out PATH`: a run's records as a `datasets.Dataset`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from msa_eval import display
+
+_FORMATS = ("parquet", "jsonl", "hf")  # msa_eval.export.FORMATS (not imported here: --help stays light)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(_FORMATS, case_sensitive=False), required=True,
+              help="hf: a datasets.save_to_disk folder (datasets.load_from_disk reads it); parquet: one "
+                   "parquet file; jsonl: one JSON-lines file.")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Where to write it.")
+@click.option("--force", is_flag=True, help="Replace an existing PATH (only once the new output is complete).")
+def export(run_dir: Path, fmt: str, out: Path, force: bool) -> None:
+    """Write the records of RUN_DIR (a folder made by `msa-eval run`) as a Hugging Face dataset:
+    one row per (backend, sample), the last record of each; columns in docs/records.md.
+
+    \b
+    msa-eval export runs/RUN --format hf --out runs/RUN.ds          # datasets.load_from_disk
+    msa-eval export runs/RUN --format parquet --out RUN.parquet     # Dataset.from_parquet, pandas, duckdb
+    msa-eval export runs/RUN --format jsonl --out RUN.jsonl --force # replace an earlier export
+    """
+    from msa_eval.errors import MsaEvalError
+    from msa_eval.export import import_datasets, records_dataset, write_dataset
+    from msa_eval.report.load import load_run
+
+    fmt = fmt.lower()
+    run = load_run(run_dir)
+    warning = run.warning()
+    if not run.records:
+        why = f" ({warning})" if warning else ""
+        raise MsaEvalError(f"no records in {run_dir}: run `msa-eval run` first, or pass another run{why}")
+    if out.resolve() == run_dir.resolve() or out.resolve() in run_dir.resolve().parents:
+        raise MsaEvalError(f"--out {out} would replace the run directory {run_dir}: choose a path outside it")
+    if warning:
+        display.warning_line(warning)
+    import_datasets().disable_progress_bars()  # the one line below says what was written
+    path = write_dataset(records_dataset(run.records), fmt, out, force=force)
+    n = len(run.records)
+    display.info(f"{n} record{'s' * (n != 1)} of {run_dir} written as {fmt}: {path}")
