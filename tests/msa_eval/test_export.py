@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,8 +97,12 @@ def test_nested_fields_and_extra_fields_round_trip(real_run, run_cli, tmp_path):
         assert json.loads(rows[1]["msa_telemetry"]) == nested.msa_telemetry and rows[0]["extra"] is None
 
 
-def test_columns_are_the_record_fields():
+def test_columns_are_the_record_fields_and_the_documented_schema():
     assert [c.name for c in COLUMNS] == [*SampleRecord.model_fields, "extra"]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "records.md").read_text()
+    rows = [line.split(" | ") for line in doc.splitlines() if line.startswith("| `")]
+    assert [(r[0].strip("| `"), r[1], r[2].rstrip(" |")) for r in rows] == [(c.name, c.dtype, c.meaning)
+                                                                           for c in COLUMNS]
 
 
 @pytest.mark.parametrize("fmt", ["hf", "parquet"])
