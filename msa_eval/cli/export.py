@@ -28,9 +28,13 @@ def export(run_dir: Path, fmt: str, out: Path, force: bool) -> None:
     """
     from msa_eval.errors import MsaEvalError
     from msa_eval.export import import_datasets, records_dataset, write_dataset
+    from msa_eval.report.agents import is_agent_run
     from msa_eval.report.load import load_run
 
     fmt = fmt.lower()
+    if is_agent_run(run_dir):
+        raise MsaEvalError(f"{run_dir} is an agent run (`msa-eval run agents`): export writes the sample records "
+                           f"of `msa-eval run SUITE`; `msa-eval report {run_dir}` reads agent runs")
     run = load_run(run_dir)
     warning = run.warning()
     if not run.records:

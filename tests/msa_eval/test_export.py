@@ -158,6 +158,12 @@ def test_bad_input_one_line_exit_2(real_run, run_cli, tmp_path):
     (empty / "records.jsonl").write_text("")
     res = _export(run_cli, empty, "jsonl", tmp_path / "x")
     assert res.returncode == 2 and "no records in" in res.stderr and "run `msa-eval run` first" in res.stderr
+    agent_run = tmp_path / "agent_run"
+    agent_run.mkdir()
+    (agent_run / "manifest.json").write_text(json.dumps({"schema": "msa-eval.agent-run/1"}))
+    res = _export(run_cli, agent_run, "hf", tmp_path / "x")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "is an agent run (`msa-eval run agents`)" in res.stderr and "msa-eval report" in res.stderr
     res = _export(run_cli, real_run, "hf", real_run.parent, "--force")
     assert res.returncode == 2 and "would replace the run directory" in res.stderr
     assert (real_run / "records.jsonl").is_file()
