@@ -43,10 +43,11 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable; skipped where directories cannot be opened or synced."""
+def fsync_quietly(path: Path) -> None:
+    """fsync a file or a directory (a directory: makes a rename in it durable); skipped where the
+    platform cannot open or sync it."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
     except OSError:
         return
     try:
@@ -71,7 +72,7 @@ def atomic_path(path: str | os.PathLike[str], suffix: str = "") -> Iterator[Path
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_quietly(path.parent)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msa_common.atomic import fsync_quietly
 from msa_eval.errors import MsaEvalError
 from msa_eval.runner.records import SampleRecord
 
@@ -169,7 +170,7 @@ def _replace(new: Path, path: Path) -> None:
             os.replace(old, path)
             raise
         _remove(old)
-    _fsync(path.parent)
+    fsync_quietly(path.parent)
 
 
 def _remove(p: Path) -> None:
@@ -179,19 +180,6 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def _fsync(p: Path) -> None:
-    try:
-        fd = os.open(p, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if p.is_dir() else 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(p: Path) -> None:
     for f in [p, *p.rglob("*")] if p.is_dir() else [p]:
-        _fsync(f)
+        fsync_quietly(f)
