@@ -57,6 +57,13 @@ class MsaLocalLM(TemplateLM):
         return tid if tid is not None else min(self.tokenizer.eos_token_ids)
 
     @property
+    def prefix_token_id(self) -> int:
+        """The token a rolling window starts from: BOS when the tokenizer has one, else EOS -- the rule of
+        lm-eval's HF and API models, so `loglikelihood_rolling` here equals theirs on the same model."""
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.eot_token_id
+
+    @property
     def max_length(self) -> int:
         return self._max_length
 

@@ -249,3 +249,24 @@ def test_lm_eval_local_completions_loglikelihood(base_url, default_llm):
         assert logprob == pytest.approx(sum(lp for lp, _ in rows), abs=1e-3)
         assert greedy == all(lp >= max(top.values()) - 1e-6 for lp, top in rows)
     assert got[0][0] > got[1][0]  # " Paris" is far likelier than " a banana split"
+
+
+def test_lm_eval_rolling_loglikelihood_equals_the_bridge(base_url, default_llm):
+    """lm-eval's `local-completions` rolling log-likelihood through our server equals our in-process
+    `msa-local` bridge's on the same text: both start windows with the tokenizer's BOS (the bridge used EOS)."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("aiohttp")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    from msa_eval.lm_eval_bridge import MsaLocalLM
+
+    text = "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the clocks struck."
+    req = [Instance("loglikelihood_rolling", {}, (text,), 0)]
+    lm = LocalCompletionsAPI(model=MODEL, base_url=base_url + "/completions", tokenizer_backend="remote",
+                             max_length=2048, max_retries=1)
+    [remote] = lm.loglikelihood_rolling(req, disable_tqdm=True)
+    bridge = MsaLocalLM(model="smollm2-135m", attention="dense")
+    assert lm.prefix_token_id == bridge.prefix_token_id == default_llm.tokenizer.bos_token_id
+    [local] = bridge.loglikelihood_rolling(req, disable_tqdm=True)
+    assert remote == pytest.approx(local, abs=1e-3) and remote < 0
