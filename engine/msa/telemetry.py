@@ -82,6 +82,7 @@ def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int,
 
     n, hq, s = p.shape
     g, nb, dev = hq // hkv, -(-s // block), p.device
+    bid = torch.arange(nb, device=dev)  # block ids
     mass = p.view(n, hkv, g, s).sum(2) / g
     mass = torch.nn.functional.pad(mass, (0, nb * block - s)).view(n, hkv, nb, block).sum(-1)  # [n, Hkv, nb]
     own = pos // block
@@ -94,16 +95,15 @@ def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int,
 
     sel_m, orc_m = chosen(ids), chosen(oracle)
     m_sel, m_orc = (mass * sel_m).sum(-1), (mass * orc_m).sum(-1)
-    history = orc_m & (torch.arange(nb, device=dev)[None, :] < own[:, None])[:, None, :]
+    history = orc_m & (bid[None, :] < own[:, None])[:, None, :]
     floor = mass.masked_fill(~history, float("inf")).amin(-1, keepdim=True)  # oracle's smallest kept mass
-    hit = orc_m | (mass >= floor - _TIE) & (torch.arange(nb, device=dev) < own[:, None, None])
+    hit = orc_m | (mass >= floor - _TIE) & (bid < own[:, None, None])
     recall = (sel_m & hit).sum(-1) / orc_m.sum(-1)
-    bid = torch.arange(nb, device=dev)
     far = ((bid >= 1) & (bid[None, :] <= own[:, None] - 2))[:, None, :]  # [n, 1, nb]
     n_far = (orc_m & far).sum(-1)
     far_recall = ((sel_m & hit & far).sum(-1) / n_far.clamp(min=1)).clamp(max=1.0)
     far_recall = far_recall.masked_fill(n_far == 0, float("nan"))
-    starts = torch.arange(nb, device=dev) * block
+    starts = bid * block
     valid = (pos[:, None] + 1 - starts[None, :]).clamp(0, block)  # [n, nb] keys of each block up to pos
     keys = (sel_m * valid[:, None, :]).sum(-1) / (pos[:, None] + 1)
     local = mass.gather(2, own.view(n, 1, 1).expand(n, hkv, 1))[..., 0]

@@ -126,8 +126,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics()
     bridge = AsyncEngine(llm.engine, capacity=config.max_batch + config.max_queue, on_step=_on_step(metrics),
                          on_abort=metrics.aborted.inc)
-    state = ServingState.build(llm, bridge, metrics, config.served_model_names)
-    state.default_max_tokens = config.default_max_tokens
+    state = ServingState.build(llm, bridge, metrics, config)
     state.reasoning = reasoning_tags(config.reasoning_parser, getattr(llm.tokenizer, "chat_template", None))
     _ = state.max_prompt_chars  # scans the vocabulary once, at startup
 

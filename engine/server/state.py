@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.server.async_engine import AsyncEngine
+from engine.server.config import ServerConfig
 from engine.server.errors import ApiError
 from engine.server.metrics import ServerMetrics
 from engine.server.reasoning import ThinkTags
@@ -22,12 +23,13 @@ class ServingState:
     model_names: tuple[str, ...]  # first is the canonical id
     created: int
     reasoning: ThinkTags | None = None  # the tags answers are split on (engine.server.reasoning), None: not split
-    default_max_tokens: int = 4096  # a request that names no limit generates at most this many (capped by context)
+    # a request that names no limit generates at most this many (capped by the context)
+    default_max_tokens: int = ServerConfig.default_max_tokens
 
     @classmethod
-    def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, extra_names: tuple[str, ...]) -> ServingState:
-        names = tuple(dict.fromkeys((llm.model_id, *extra_names)))
-        return cls(llm, engine, metrics, names, int(time.time()))
+    def build(cls, llm: Any, engine: AsyncEngine, metrics: ServerMetrics, config: ServerConfig) -> ServingState:
+        names = tuple(dict.fromkeys((llm.model_id, *config.served_model_names)))
+        return cls(llm, engine, metrics, names, int(time.time()), default_max_tokens=config.default_max_tokens)
 
     @property
     def max_model_len(self) -> int:
