@@ -29,20 +29,16 @@ def export(run_dir: Path, fmt: str, out: Path, force: bool) -> None:
     from msa_eval.errors import MsaEvalError
     from msa_eval.export import import_datasets, records_dataset, write_dataset
     from msa_eval.report.agents import is_agent_run
-    from msa_eval.report.load import load_run
+    from msa_eval.report.load import load_run_with_records
 
     fmt = fmt.lower()
     if is_agent_run(run_dir):
         raise MsaEvalError(f"{run_dir} is an agent run (`msa-eval run agents`): export writes the sample records "
                            f"of `msa-eval run SUITE`; `msa-eval report {run_dir}` reads agent runs")
-    run = load_run(run_dir)
-    warning = run.warning()
-    if not run.records:
-        why = f" ({warning})" if warning else ""
-        raise MsaEvalError(f"no records in {run_dir}: run `msa-eval run` first, or pass another run{why}")
+    run = load_run_with_records(run_dir)
     if out.resolve() == run_dir.resolve() or out.resolve() in run_dir.resolve().parents:
         raise MsaEvalError(f"--out {out} would replace the run directory {run_dir}: choose a path outside it")
-    if warning:
+    if warning := run.warning():
         display.warning_line(warning)
     import_datasets().disable_progress_bars()  # the one line below says what was written
     path = write_dataset(records_dataset(run.records), fmt, out, force=force)

@@ -83,15 +83,10 @@ def gate(ctx: click.Context, run_a: Path, run_b: Path | None, arms: tuple[str, .
 
 
 def _load(run_dir: Path) -> LoadedRun:
-    """One run's records; no records is bad input (exit 2) naming the fix."""
-    from msa_eval.errors import MsaEvalError
-    from msa_eval.report.load import load_run
+    """One run's records (`load_run_with_records`: none is bad input, exit 2); skipped lines said."""
+    from msa_eval.report.load import load_run_with_records
 
-    run = load_run(run_dir)
-    warning = run.warning()
-    if not run.records:
-        why = f" ({warning})" if warning else ""
-        raise MsaEvalError(f"no records in {run_dir}: run `msa-eval run` first, or pass another run{why}")
-    if warning:
+    run = load_run_with_records(run_dir)
+    if warning := run.warning():
         display.warning_line(warning)
     return run

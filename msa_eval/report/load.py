@@ -41,6 +41,16 @@ def load_run(run_dir: Path) -> LoadedRun:
     return LoadedRun(run_dir, m, list(latest.values()), scan.unreadable)
 
 
+def load_run_with_records(run_dir: Path) -> LoadedRun:
+    """`load_run`, refusing a run without records: one line naming the fix (and why lines were skipped)."""
+    run = load_run(run_dir)
+    if not run.records:
+        warning = run.warning()
+        why = f" ({warning})" if warning else ""
+        raise MsaEvalError(f"no records in {run_dir}: run `msa-eval run` first, or pass another run{why}")
+    return run
+
+
 def load_runs(run_dirs: list[Path], warn: Callable[[str], None] | None = None) -> list[SampleRecord]:
     """Records of all runs; a backend key seen in two runs gets the run's folder name
     appended (`local:dense#run2`) so the columns stay apart. `warn` gets one line per run
