@@ -261,3 +261,40 @@ def test_layers_train_independently_so_keep_dense_equals_a_run_with_more_dense_l
     assert llm.msa.dense_layers == (0, 2)
     with pytest.raises(AdapterError, match="not MSA layers"):
         keep_dense(tmp_path / "full", [0], tmp_path / "x")
+
+
+def test_block_objective_ranks_history_blocks_by_the_teachers_mass():
+    """The history-block KL is ~0 when the student's block maxima order the history blocks as the
+    teacher's masses do (own block and invisible keys left out), larger when it favours another block,
+    and its gradient pushes the teacher's block up."""
+    from engine.sparsify.objective import block_kl_loss
+
+    B, S = 4, 16
+    pos = torch.tensor([13, 2])  # the second query has no history block: left out
+    t = torch.full((2, 1, 1, S), -30.0)
+    t[0, 0, 0, 5] = 10.0  # the teacher reads block 1 (keys 4-7) ...
+    t[0, 0, 0, 13] = 12.0  # ... and its own block, which the objective ignores
+    good = torch.full((2, 1, S), -30.0)
+    good[0, 0, 5] = 30.0
+    bad = good.clone()
+    bad[0, 0, 5], bad[0, 0, 9] = -30.0, 30.0  # favours block 2
+    assert block_kl_loss(t, good, pos, B) < 1e-6
+    s = bad.clone().requires_grad_(True)
+    loss = block_kl_loss(t, s, pos, B)
+    assert loss > 10
+    loss.backward()
+    assert s.grad[0, 0, 5] < 0 < s.grad[0, 0, 9]  # descending the loss raises block 1, lowers block 2
+    assert float(s.grad[0, 0, 12:].abs().sum()) == 0.0  # the own block gets no gradient
+    assert float(block_kl_loss(t[1:], s[1:], pos[1:], B).detach()) == 0.0
+
+
+def test_sparsify_block_objective_trains(tiny, tmp_path):
+    from engine.sparsify import sparsify
+
+    model, data = tiny
+    prov = sparsify(tiny_cfg(model, data, tmp_path / "ad", objective="block", teacher="max"), progress=False)
+    assert prov["settings"]["objective"] == "block"
+    for v in prov["layers"].values():
+        assert v["loss_last"] < v["loss_first"]
+    with pytest.raises(ValueError, match="--objective"):
+        tiny_cfg(model, data, tmp_path / "x", objective="rank")
