@@ -68,16 +68,24 @@ def _finish(parsed: ChatOutput, gen: Generation) -> str:
     return "tool_calls" if parsed.tool_calls else (gen.finish_reason or "stop")
 
 
-async def chat_completions(req: ChatCompletionRequest, http_request: Request, state: ServingState):
+async def start_chat(req: ChatCompletionRequest, state: ServingState, request_id: str
+                     ) -> tuple[Generation, ChatOutputParser]:
+    """Validate and render a chat request and admit its engine request (the one way in for every route that
+    generates a chat answer: /v1/chat/completions and /v1/responses); the parser splits the answer."""
     state.check_model(req.model)
     reject_unsupported(req)
     prompt_ids = await asyncio.to_thread(state.chat_prompt_ids, req)  # off the event loop: long prompts take a while
     max_new = state.check_length(len(prompt_ids), req.max_new_tokens(), "messages")
     parser = _output_parser(req, state, prompt_ids)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
     top = (req.top_logprobs or 0) if req.logprobs else None  # engine rows: the token and `top` alternatives
     gen = Generation(state, request_id, prompt_ids, state.sampling_params(req, max_new, logprobs=top),
                      req.stop_strings())
+    return gen, parser
+
+
+async def chat_completions(req: ChatCompletionRequest, http_request: Request, state: ServingState):
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    gen, parser = await start_chat(req, state, request_id)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(gen, req.model, parser, include_usage), media_type="text/event-stream",
@@ -90,12 +98,12 @@ async def chat_completions(req: ChatCompletionRequest, http_request: Request, st
     return ChatCompletion(
         id=request_id, created=int(time.time()), model=req.model, usage=_usage(gen),
         choices=[ChatChoice(index=0, message=message, finish_reason=_finish(parsed, gen),
-                            logprobs=_LogprobsCursor(gen).take(even_empty=True))],
+                            logprobs=LogprobsCursor(gen).take(even_empty=True))],
         msa_eval_timings=gen.timings,
     )
 
 
-class _LogprobsCursor:
+class LogprobsCursor:
     """The chat logprobs of the generated tokens not yet sent (every token's, reasoning and tool-call markup
     included; none past the token that ended the text at a stop string), in order: streamed chunks
     concatenate to the non-streamed list."""
@@ -127,7 +135,7 @@ def _event(obj) -> str:
 async def _sse(gen: Generation, model: str, parser: ChatOutputParser, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
 
-    cursor = _LogprobsCursor(gen)
+    cursor = LogprobsCursor(gen)
 
     def chunk(delta: ChatDelta, finish: str | None = None, timings: dict[str, float] | None = None,
               logprobs: ChatLogprobs | None = None) -> str:
