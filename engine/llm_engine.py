@@ -12,7 +12,9 @@ finishes that request with finish_reason "error" (`StepOutput.error`, `Sequence.
 are freed) and the rest of the batch carries on; a fault in the shared forward pass ends the
 requests of that step only, and the engine keeps serving the others and new ones.
 Scoring (`SamplingParams.prompt_logprobs`) rides on the request's own prefill chunks
-(`engine.scoring`); such chunks always run eagerly, never as graph rows.
+(`engine.scoring`); such chunks always run eagerly, never as graph rows. So lm-eval's request (prompt
+log-probs and max_tokens 1) costs one prefill of its prompt, whose last row also draws the token, and
+max_tokens 0 is that prefill alone; `forward_passes` and `prefill_tokens` count the work done.
 
 `LLMEngine` is single-threaded. The drive API: `add_request` / `step` / `abort`, `stream(requests)`
 (the one loop: add, step until they finish, abort the rest if the caller stops early) and
@@ -77,6 +79,9 @@ class LLMEngine(StepForward):
         self.blocks = BlockManager(cache.cfg.num_pages, cache.page_size)
         self.scheduler = Scheduler(sched_cfg, self.blocks)
         self.seqs: dict[str, Sequence] = {}
+        # work done, for /metrics and tests: model forward passes, and prompt tokens those passes computed
+        self.forward_passes = 0
+        self.prefill_tokens = 0
 
     # -- requests -------------------------------------------------------------------------
     def check_length(self, n: int, params: SamplingParams) -> None:
@@ -173,6 +178,9 @@ class LLMEngine(StepForward):
             logits, meta, scored = self._forward_logits(chunks)
         except Exception as e:  # noqa: BLE001 - the shared forward pass: this step's requests end, the engine goes on
             return [self._fail(c.seq, e) for c in chunks]
+        self.forward_passes += 1
+        self.prefill_tokens += sum(min(c.length, len(c.seq.prompt_ids) - c.start) for c in chunks
+                                   if c.start < len(c.seq.prompt_ids))
         self._account_stats(chunks, meta)
         for c in chunks:
             c.seq.num_computed += c.length
@@ -210,6 +218,7 @@ class LLMEngine(StepForward):
         return self._graphs_usable(chunks) if self.use_cuda_graphs else True
 
     def _launch(self, rows: list[DecodeRow]) -> InflightDecode:
+        self.forward_passes += 1  # decode rows only: no prompt tokens
         if self.use_cuda_graphs:
             return InflightDecode(rows, self.graph_runner.launch(*self._graph_rows(rows)))
         if self._eager_launcher is None:

@@ -75,10 +75,16 @@ def _http_error(request: Request, exc: HTTPException) -> ApiError:
 
 
 def _on_step(metrics: ServerMetrics):
+    seen = {"forward_passes": 0, "prefill_tokens": 0}  # the engine's counts already added to /metrics
+
     def update(engine: Any) -> None:
         usage = kv_cache_usage(engine)
         if usage is not None:
             metrics.kv_cache_usage.set(usage)
+        for name, last in seen.items():
+            now = getattr(engine, name, last)
+            getattr(metrics, name).inc(now - last)
+            seen[name] = now
     return update
 
 

@@ -25,6 +25,9 @@ class ServerMetrics:
                                "(client disconnected, stop string, error)", registry=r)
         self.running = Gauge("msa_requests_running", "admitted requests that produced a first token", registry=r)
         self.queue_depth = Gauge("msa_queue_depth", "admitted requests still waiting for their first token", registry=r)
+        self.forward_passes = Counter("msa_forward_passes", "model forward passes the engine ran", registry=r)
+        self.prefill_tokens = Counter("msa_prefill_tokens", "prompt tokens run through the model (prefill chunks)",
+                                      registry=r)
         self.kv_cache_usage = Gauge("msa_kv_cache_usage_ratio", "fraction of KV-cache pages in use (0..1)", registry=r)
 
     def render(self) -> bytes:
