@@ -26,6 +26,7 @@ from engine.server.generation import ClientDisconnected
 from engine.server.jsonguard import MAX_JSON_DEPTH, RequestError
 from engine.server.metrics import ServerMetrics, kv_cache_usage
 from engine.server.reasoning import reasoning_tags
+from engine.server.responses import responses_router
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from engine.server.state import ServingState
 from engine.server.tokenize import tokenizer_router
@@ -46,8 +47,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {e.get('msg')}", (loc[0] if loc else None)
 
 
-_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/models, /v1/models/{model}, /tokenize, /detokenize, "
-           "/tokenizer_info, /health, /metrics")
+_ROUTES = ("/v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /v1/models/{model}, /tokenize, "
+           "/detokenize, /tokenizer_info, /health, /metrics")
 
 
 def _http_error(request: Request, exc: HTTPException) -> ApiError:
@@ -204,6 +205,7 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
         return await chat_completions(req, request, state)
 
     app.include_router(tokenizer_router(state))
+    app.include_router(responses_router(state))  # POST /v1/responses on the chat path
 
     @app.post("/v1/completions")
     async def complete(req: CompletionRequest, request: Request):

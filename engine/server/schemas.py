@@ -134,6 +134,12 @@ class _SamplingFields(RequestBody):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens (benchmarks)
 
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _openai_default(cls, v: Any) -> Any:
+        """Left out or null: OpenAI's defaults, temperature 1 and top_p 1 (sampling; send 0 for greedy)."""
+        return 1.0 if v is None else v
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> list[str]:
