@@ -17,6 +17,7 @@ COMMANDS = Registry(
         "agent": "msa_eval.cli.agent:agent",
         "gate": "msa_eval.cli.gate:gate",
         "export": "msa_eval.cli.export:export",
+        "export-tokenizer": "msa_eval.cli.export_tokenizer:export_tokenizer",
         "generate": "msa_eval.cli.generate:generate",
         "models": "msa_eval.cli.models:models",
         "report": "msa_eval.cli.report:report",
