@@ -25,6 +25,10 @@ Selection telemetry (`telemetry`, an `engine.msa.telemetry.TelemetryConfig`, MSA
 request gets an accumulator on its `Sequence`, each forward hands the batch's accumulators to the
 attention (`AttentionMeta.telemetry`), and the result lands in `metrics["msa_telemetry"]`; decode steps
 then run eagerly (no CUDA graphs, no one-step-late decode) so that every step's selection is seen.
+
+Constrained requests (`SamplingParams.constraint`) get a grammar (`engine.constrained`) at `add_request`:
+each step masks their rows of logits before sampling and feeds the drawn token back; their decode steps
+never run one step late (the next mask needs the previous token on the host).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from collections.abc import Collection, Iterable, Iterator
 import torch
 
 from engine.attention.meta import AttentionMeta, DecodeShapes
+from engine.constrained import GrammarState, allowed_tokens
 from engine.forward import StepForward
 from engine.gpu.async_decode import DecodeRow, EagerDecodeLauncher, InflightDecode, follow_up_rows, is_greedy_decode
 from engine.gpu.sampler import sample_requests
@@ -96,6 +101,8 @@ class LLMEngine(StepForward):
                        max_len=min(len(prompt_token_ids) + params.max_tokens, self.max_model_len))
         if self.telemetry is not None:
             seq.telemetry = SelectionTelemetry(len(prompt_token_ids), self.telemetry)
+        if params.constraint is not None:  # ConstraintError (a ValueError) for a schema the library refuses
+            seq.grammar = GrammarState(params.constraint, self.tokenizer, self.model.cfg.vocab_size)
         self.scheduler.add(seq)
         self.seqs[request_id] = seq
         return seq
@@ -190,7 +197,9 @@ class LLMEngine(StepForward):
         drawn: list[tuple[Sequence, int, torch.Tensor]] = []
         if samplers:
             rows = logits if len(samplers) == logits.shape[0] else logits[[r for r, _ in samplers]]
-            drawn, sample_faults = sample_requests([q for _, q in samplers], rows)
+            seqs = [q for _, q in samplers]
+            allowed = allowed_tokens([q.grammar for q in seqs], rows.shape[-1], rows.device)
+            drawn, sample_faults = sample_requests(seqs, rows, allowed)
             faults |= sample_faults | add_token_rows(drawn)
         outs = [self._fail(c.seq, faults[c.seq.request_id]) for c in chunks if c.seq.request_id in faults]
         outs += [self._append_token(seq, tok) for seq, tok, _ in drawn if seq.request_id not in faults]
@@ -213,8 +222,9 @@ class LLMEngine(StepForward):
 
     # -- one step late (engine.gpu.async_decode) ------------------------------------------
     def _async_usable(self, chunks: list[ScheduledChunk]) -> bool:
-        if not self.async_decode or any(c.seq.params.logprobs is not None for c in chunks):
-            return False  # a late step returns tokens only, no logits to score them with
+        if not self.async_decode or any(c.seq.params.logprobs is not None or c.seq.grammar is not None
+                                        for c in chunks):
+            return False  # a late step returns tokens only, no logits to score or mask them with
         return self._graphs_usable(chunks) if self.use_cuda_graphs else True
 
     def _launch(self, rows: list[DecodeRow]) -> InflightDecode:
@@ -246,8 +256,10 @@ class LLMEngine(StepForward):
         if seq.first_token is None:
             seq.first_token = time.perf_counter()
         try:
+            if seq.grammar is not None:
+                seq.grammar.advance(tok)
             check_stop(seq, self.tokenizer)
-        except Exception as e:  # noqa: BLE001 - this request's stop handling (e.g. detokenising its tail) only
+        except Exception as e:  # noqa: BLE001 - this request's grammar or stop handling (e.g. detokenising) only
             return self._fail(seq, e)
         if seq.finished:
             seq.finish_time = time.perf_counter()

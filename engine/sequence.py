@@ -34,6 +34,7 @@ class Sequence:
     output_logprobs: list[LogprobRow] = field(default_factory=list)  # with params.logprobs: one per token
     error: Exception | None = None  # why the request ended with finish_reason "error"
     telemetry: Any = None  # engine.msa.telemetry.SelectionTelemetry when the engine measures MSA's selection
+    grammar: Any = None  # engine.constrained.GrammarState with params.constraint: advanced with every token
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

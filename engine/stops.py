@@ -1,5 +1,6 @@
 """The stop rule, applied by the engine after every token: EOS (unless `ignore_eos`), a stop token
-id, a stop string, or the length limit. A stop string only stops the request here; where its text
+id, a stop string, a constrained request's grammar complete (`engine.constrained`), or the length
+limit. A stop string only stops the request here; where its text
 ends is cut by `engine.textstream.IncrementalText`."""
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def check_stop(seq: Sequence, tokenizer) -> None:
     elif tok in p.stop_token_ids:
         seq.finished, seq.finish_reason = True, "stop"
     elif p.stop and stop_string_hit(seq, tokenizer):
+        seq.finished, seq.finish_reason = True, "stop"
+    elif seq.grammar is not None and seq.grammar.done:
         seq.finished, seq.finish_reason = True, "stop"
     elif len(seq.output_ids) >= p.max_tokens or seq.total_len >= seq.max_len:
         seq.finished, seq.finish_reason = True, "length"

@@ -66,6 +66,10 @@ class Tokenizer:
             return self._tok.decode([i for i in ids if i not in self._skipped_ids], skip_special_tokens=False)
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The `tokenizers` serialization (tokenizer.json text): what a grammar library reads the vocabulary from."""
+        return self._tok.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
