@@ -1,4 +1,4 @@
-"""`msa-eval agent run|list|show` and `msa-eval run agents --suite S`.
+"""`msa-eval agent run|list|show|mini-swe-agent` and `msa-eval run agents --suite S`.
 
 Families are named `regression`, `needle`, `rename`, `ledger` (the letters A-D still work).
 `run repo` (the single-prompt forms of `regression` and `needle`) is the HELMET runner's suite
@@ -221,6 +221,40 @@ def run_cmd(task_ref, out, resume, source, seed, as_json, **kw) -> None:
     factory, key, _ = _make_backend(kw)
     out = out or Path("runs") / "agents" / f"{task.id}-{key.replace(':', '-')}.jsonl"
     res = run_task(task, factory(task), _config(kw), out, resume=resume, container=_container(kw))
+    display.print_json(res.to_dict()) if as_json else display.agent_result(res.to_dict())
+
+
+@agent.command("mini-swe-agent")
+@click.option("--task", "task_ref", required=True,
+              help="A repository task: FAMILY (regression, needle, rename), FAMILY:ID or ID.")
+@click.option("--base-url", required=True, help="OpenAI-compatible endpoint (.../v1), e.g. msa-eval serve's.")
+@click.option("--model", default="smollm2-135m", show_default=True, help="Model id sent in requests.")
+@click.option("--suite", default="default", show_default=True, help="Agent suite in configs/agents.yaml.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None, help="Suite YAML.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=4, show_default=True,
+              help="mini-swe-agent's step limit (model calls).")
+@click.option("--max-output-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="max_tokens of every call.")
+@click.option("--command-timeout-s", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Per bash command.")
+@click.option("--prices", "prices_path", type=click.Path(path_type=Path), default=None,
+              help="Price table for cost per call (default configs/prices.yaml; unknown model: cost empty).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Run directory (default runs/agents-mini-swe-agent-<model>); `msa-eval report` reads it.")
+@click.option("--json", "as_json", is_flag=True)
+def mini_swe_agent_cmd(task_ref, base_url, model, suite, config_path, max_steps, max_output_tokens,
+                       command_timeout_s, prices_path, out, as_json) -> None:
+    """Run mini-swe-agent (its `mini` CLI through litellm, local environment) on one of our repository tasks
+    against BASE_URL; grade the working tree it leaves with the task's verifier; record the run beside ours."""
+    from agents.external import MiniSweAgentConfig, run_mini_swe_agent
+    from agents.suite import find_task
+    from msa_eval.backends.pricing import PriceTable
+
+    task = find_task(_open_suite({"suite": suite, "config_path": config_path}), task_ref)
+    prices = PriceTable.load(prices_path)
+    cfg = MiniSweAgentConfig(base_url, model, max_steps, max_output_tokens, command_timeout_s=command_timeout_s)
+    out = out or Path("runs") / f"agents-mini-swe-agent-{model.replace('/', '-')}"
+    res = run_mini_swe_agent(task, cfg, out, cost=lambda p, c: prices.cost(model, p, c))
     display.print_json(res.to_dict()) if as_json else display.agent_result(res.to_dict())
 
 

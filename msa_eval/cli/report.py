@@ -46,7 +46,7 @@ def report(run_dirs: tuple[Path, ...], out: Path | None, formats: str, no_plots:
     require_records(records, agent_dirs)
     agents = build_agent_report(records)
     rep = _helmet(helmet_dirs, dest, wanted, no_plots, bootstrap, as_json, as_md, show=False) if helmet_dirs else None
-    paths = write_agent_report(agents, dest, wanted)
+    paths = write_agent_report(agents, dest, wanted, plots=not no_plots)
     if as_json:
         display.print_json({"helmet": rep.to_dict(), "agents": agents.to_dict()} if rep else agents.to_dict())
         return

@@ -1,7 +1,9 @@
 """Agent batch runs in `msa-eval report`: load `msa-eval run agents` run directories (layout in
 agents/RECORDS.md) and build one table: rows = backend (attention, model) x task family, plus an
 overall row per backend; columns = success rate, mean steps, mean/max peak context tokens, total
-tokens, cost and exit-status counts. Serialised as Markdown, CSV and JSON like the HELMET report."""
+tokens, cost and exit-status counts. Below it, from each record's trajectory (`agent_turns.py`): cost and
+context per task and per turn, and a plot of the context curves. Serialised as Markdown, CSV and JSON
+like the HELMET report."""
 from __future__ import annotations
 
 import csv
@@ -14,6 +16,7 @@ from typing import Any
 
 from msa_common.atomic import atomic_write_json, atomic_write_text
 from msa_eval.errors import MsaEvalError
+from msa_eval.report.agent_turns import TASK_FIELDS, TURN_FIELDS, build_turns, plot_context_curves, table_markdown
 
 AGENT_SCHEMA = "msa-eval.agent-run/1"
 FIELDS = ("backend", "attention", "model", "family", "tasks", "success_rate", "mean_steps",
@@ -33,6 +36,8 @@ def is_agent_run(run_dir: Path) -> bool:
 class AgentReport:
     rows: list[dict[str, Any]]  # one per (backend, family) and one `family == "overall"` per backend
     notes: list[str] = field(default_factory=list)
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # one per (backend, task): cost and context totals
+    turns: list[dict[str, Any]] = field(default_factory=list)  # one per model call (agent_turns.TURN_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,7 +45,7 @@ class AgentReport:
 
 def load_agent_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """Records of all agent runs, last line per (backend, task_id) wins; each gets `_attention`
-    and `_model` from its manifest; a backend key seen in two runs gets `#<folder>` appended."""
+    and `_model` from its manifest and `_run_dir`; a backend key seen in two runs gets `#<folder>` appended."""
     out: list[dict[str, Any]] = []
     seen: dict[str, Path] = {}
     for d in map(Path, run_dirs):
@@ -62,7 +67,7 @@ def load_agent_runs(run_dirs: list[Path]) -> list[dict[str, Any]]:
                 seen[key] = d
             kind, _, tail = key.partition(":")
             attention = info.get("attention") or (tail.split("#")[0] if kind == "local" else None)
-            out.append({**r, "backend": key, "_attention": attention, "_model": info.get("model")})
+            out.append({**r, "backend": key, "_attention": attention, "_model": info.get("model"), "_run_dir": str(d)})
     return out
 
 
@@ -113,7 +118,8 @@ def build_agent_report(records: list[dict[str, Any]]) -> AgentReport:
         rows.append(_row(b, "overall", rs))
     notes = [("success rate = mean score (0-1, partial credit in family rename); overall = over all tasks; "
               "tokens = prompt + completion summed over calls; cost empty when unknown")]
-    return AgentReport(rows, notes)
+    tasks, turns, turn_notes = build_turns(records, _family)
+    return AgentReport(rows, notes + turn_notes, tasks, turns)
 
 
 def _cells(row: dict[str, Any]) -> list[str]:
@@ -129,6 +135,9 @@ def _cells(row: dict[str, Any]) -> list[str]:
 def agents_markdown(rep: AgentReport) -> str:
     out = ["| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
     out += ["| " + " | ".join(_cells(r)) + " |" for r in rep.rows]
+    if rep.tasks:
+        out += ["", "Cost and context per task:", "", table_markdown(TASK_FIELDS, rep.tasks)]
+        out += ["Per turn (one model call):", "", table_markdown(TURN_FIELDS, rep.turns)]
     out += [""] + [f"Note: {n}" for n in rep.notes]
     return "\n".join(out) + "\n"
 
@@ -141,8 +150,17 @@ def agents_csv(rep: AgentReport) -> str:
     return buf.getvalue()
 
 
-def write_agent_report(rep: AgentReport, out_dir: Path, formats: set[str]) -> dict[str, Path]:
-    """Write agents.md / agents.csv / agents.json (those in `formats`), atomically."""
+def _rows_csv(fields: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fields, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_agent_report(rep: AgentReport, out_dir: Path, formats: set[str], plots: bool = False) -> dict[str, Path]:
+    """Write agents.md / agents.csv (+ agents_tasks.csv, agents_turns.csv) / agents.json (those in `formats`),
+    atomically, and with `plots` agents_context.png (context and cumulative tokens per turn)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     if "md" in formats:
@@ -151,9 +169,15 @@ def write_agent_report(rep: AgentReport, out_dir: Path, formats: set[str]) -> di
     if "csv" in formats:
         paths["agents_csv"] = out_dir / "agents.csv"
         atomic_write_text(paths["agents_csv"], agents_csv(rep))
+        for key, name, fields, rows in (("agents_tasks_csv", "agents_tasks.csv", TASK_FIELDS, rep.tasks),
+                                        ("agents_turns_csv", "agents_turns.csv", TURN_FIELDS, rep.turns)):
+            paths[key] = out_dir / name
+            atomic_write_text(paths[key], _rows_csv(fields, rows))
     if "json" in formats:
         paths["agents_json"] = out_dir / "agents.json"
         atomic_write_json(paths["agents_json"], rep.to_dict())
+    if plots and rep.turns:
+        paths["agents_context_plot"] = plot_context_curves(rep.turns, out_dir / "agents_context.png")
     return paths
 
 
