@@ -100,7 +100,7 @@ def run_mini_swe_agent(task: AgentTask, cfg: MiniSweAgentConfig, run_dir: Path, 
     own = run_dir / "mini-swe-agent"
     own.mkdir(parents=True, exist_ok=True)
     traj, log = own / f"{task.id}.traj.json", own / f"{task.id}.log"
-    env = _workspace_env(task)
+    env = workspace_environment(task)
     try:
         over = own / f"{task.id}.config.yaml"
         over.write_text(yaml.safe_dump(mini_overrides(cfg, env.ws.root, traj.resolve())))
@@ -150,7 +150,8 @@ def grade_and_record(task: AgentTask, env: WorkspaceEnvironment, trajectory: Pat
     return res
 
 
-def _workspace_env(task: AgentTask) -> WorkspaceEnvironment:
+def workspace_environment(task: AgentTask) -> WorkspaceEnvironment:
+    """A fresh environment of `task` with a working tree (the caller closes it); other families are refused."""
     env = get_family(task.family).environment(task)
     if not isinstance(env, WorkspaceEnvironment):
         env.close()
