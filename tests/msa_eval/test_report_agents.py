@@ -87,3 +87,55 @@ def test_mixed_helmet_and_agent_report(needle_run, agent_run, run_cli, tmp_path)
     assert data["agents"]["rows"][-1]["family"] == "overall"
     assert json.loads((out / "report.json").read_text())["columns"] == ["local:dense@2k"]
     assert json.loads((out / "agents.json").read_text()) == data["agents"]
+
+
+def test_cost_and_context_per_task_and_per_turn(agent_run, run_cli, tmp_path):
+    """The per-task and per-turn tables equal the trajectories' step lines and the records' totals."""
+    out = tmp_path / "rep"
+    p = run_cli("report", str(agent_run), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    recs = {r["task_id"]: r for r in _records(agent_run)}
+    tasks = {r["task_id"]: r for r in csv.DictReader((out / "agents_tasks.csv").open())}
+    turns = list(csv.DictReader((out / "agents_turns.csv").open()))
+    assert set(tasks) == set(recs)
+    for tid, rec in recs.items():
+        steps = [json.loads(line) for line in (agent_run / "trajectories" / f"{tid}.jsonl").read_text().splitlines()
+                 if line.strip() and json.loads(line)["type"] == "step"]
+        mine = [t for t in turns if t["task_id"] == tid]
+        assert [int(t["prompt_tokens"]) for t in mine] == [s["usage"]["prompt_tokens"] for s in steps]
+        assert int(mine[-1]["cumulative_tokens"]) == rec["prompt_tokens"] + rec["completion_tokens"]
+        assert [int(t["context_growth"]) for t in mine[1:]] == [
+            b["usage"]["prompt_tokens"] - a["usage"]["prompt_tokens"] for a, b in zip(steps, steps[1:], strict=False)]
+        t = tasks[tid]
+        assert (int(t["steps"]), int(t["peak_context_tokens"]), float(t["cost_usd"])) == (
+            rec["steps"], rec["peak_context_tokens"], 0.0)
+    assert (out / "agents_context.png").stat().st_size > 0
+    js = json.loads((out / "agents.json").read_text())
+    assert [(t["task_id"], t["step"], t["cumulative_tokens"]) for t in js["turns"]] == [
+        (t["task_id"], int(t["step"]), int(t["cumulative_tokens"])) for t in turns]
+
+
+def test_turns_of_hosted_and_old_trajectories(agent_run, tmp_path):
+    """A hosted backend's step without a price is unknown (not 0) from that turn on; a trajectory from before the
+    per-call usage field still reads (its context count stands in); a record whose trajectory is gone is noted."""
+    recs = load_agent_runs([agent_run])
+    rec = next(r for r in recs if r["family"] == "regression")
+    lines = [json.loads(line) for line in (agent_run / "trajectories" / f"{rec['task_id']}.jsonl").read_text()
+             .splitlines() if line.strip()]
+    priced = [dict(x, usage={**x["usage"], "cost_usd": 0.001 if x["step"] == 1 else None}) if x["type"] == "step"
+              else x for x in lines]
+    old = [{k: v for k, v in x.items() if k != "usage"} for x in lines]
+    for name, body in (("priced", priced), ("old", old)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in body))
+    hosted = {**rec, "backend": "openai:m", "_run_dir": None, "trajectory": str(tmp_path / "priced.jsonl")}
+    older = {**rec, "backend": "old", "_run_dir": None, "trajectory": str(tmp_path / "old.jsonl")}
+    gone = {**rec, "backend": "gone", "_run_dir": None, "trajectory": str(tmp_path / "missing.jsonl")}
+    rep = build_agent_report([hosted, older, gone])
+    h = [t for t in rep.turns if t["backend"] == "openai:m"]
+    assert (h[0]["cost_usd"], h[0]["cumulative_cost_usd"]) == (0.001, 0.001)
+    assert h[1]["cost_usd"] is None and all(t["cumulative_cost_usd"] is None for t in h[1:])
+    o = [t for t in rep.turns if t["backend"] == "old"]
+    assert [t["prompt_tokens"] for t in o] == [x["context_tokens"] for x in lines if x["type"] == "step"]
+    assert all(t["cost_usd"] is None for t in o)
+    assert {t["backend"] for t in rep.tasks} == {"openai:m", "old"}
+    assert any("1 record(s) without a readable trajectory" in n for n in rep.notes)
