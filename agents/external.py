@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from agents.batch import RUN_SCHEMA
@@ -93,9 +94,26 @@ def instruction(task: AgentTask) -> str:
     return task.instruction + tail
 
 
+def check_endpoint(cfg: MiniSweAgentConfig) -> None:
+    """One line naming the fix when nothing answers `GET <base_url>/models` or it does not list the model."""
+    url = cfg.base_url.rstrip("/") + "/models"
+    try:
+        r = httpx.get(url, timeout=10.0)
+        ids = [m.get("id") for m in r.json().get("data", [])] if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        raise AgentHarnessError(f"no OpenAI-compatible server answers {url} ({type(e).__name__}); start one "
+                                "(msa-eval serve) or pass its --base-url ending in /v1") from None
+    if ids is None:
+        raise AgentHarnessError(f"{url} answered HTTP {r.status_code}; pass the server's --base-url ending in /v1")
+    if ids and cfg.model not in ids:
+        raise AgentHarnessError(f"{url} does not serve model {cfg.model!r} (it serves {', '.join(map(str, ids))}); "
+                                "pass one of those as --model")
+
+
 def run_mini_swe_agent(task: AgentTask, cfg: MiniSweAgentConfig, run_dir: Path, cost: CostFn | None = None,
                        before_grade: Callable[[WorkspaceEnvironment], None] | None = None) -> AgentResult:
     """Run `mini` on `task` in a fresh workspace, grade what it leaves, record it in `run_dir`."""
+    check_endpoint(cfg)
     run_dir = Path(run_dir)
     own = run_dir / "mini-swe-agent"
     own.mkdir(parents=True, exist_ok=True)
@@ -108,7 +126,9 @@ def run_mini_swe_agent(task: AgentTask, cfg: MiniSweAgentConfig, run_dir: Path, 
                "-t", instruction(task), "-o", str(traj.resolve()), "-y", "--exit-immediately"]
         env_vars = {**os.environ, "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1",
                     "MSWEA_GLOBAL_CONFIG_DIR": str((own / "config").resolve()), "MSWEA_COST_TRACKING": "ignore_errors",
-                    "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # litellm fetches its price map from GitHub otherwise
+                    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm fetches its price map from GitHub otherwise
+                    # its default, 10 attempts backing off up to 60 s, spends minutes on a server that is down
+                    "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": os.environ.get("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "3")}
         t0 = time.monotonic()
         with open(log, "w", encoding="utf-8") as f:
             try:

@@ -9,6 +9,8 @@ Lines (each one JSON object, `type` first):
           error flag, elapsed seconds, counters, and the environment checkpoint when it changed
   event   context-policy events (truncate-observations, summarize) with their details
   result  exit status, score, grade details, metrics
+Trajectories converted from an outside harness (`agents/converters/`) have the same lines; their header
+adds `external` (harness, version, source format) and their step usage `cached_tokens` where reported.
 A crash can only lose the line being written; the reader drops a trailing partial line.
 """
 from __future__ import annotations

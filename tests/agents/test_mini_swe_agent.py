@@ -146,3 +146,31 @@ def test_a_trajectory_in_another_format_is_refused_in_one_line(tmp_path, body):
     with pytest.raises(AgentHarnessError) as e:
         read_mini_trajectory(p)
     assert "formats read: mini-swe-agent-1.x" in str(e.value) and "\n" not in str(e.value)
+
+
+def _one_line_error(p) -> str:
+    assert p.returncode != 0
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    return lines[0]
+
+
+def test_no_server_at_the_base_url_is_one_line(agent_home, tmp_path):
+    from tests.engine.serve_process import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    p = _cli(["agent", "mini-swe-agent", "--task", "regression", "--suite", "smoke", "--base-url", url,
+              "--out", str(tmp_path / "run")], tmp_path, agent_home, timeout=300)
+    line = _one_line_error(p)
+    assert "no OpenAI-compatible server answers" in line and "--base-url" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_model_the_server_does_not_serve_and_a_task_without_a_tree_are_one_line(server, agent_home, tmp_path):
+    p = _cli(["agent", "mini-swe-agent", "--task", "regression", "--suite", "smoke", "--base-url", server,
+              "--model", "no-such-model", "--out", str(tmp_path / "run")], tmp_path, agent_home, timeout=300)
+    assert "does not serve model 'no-such-model'" in _one_line_error(p)
+    p = _cli(["agent", "mini-swe-agent", "--task", "ledger", "--suite", "smoke", "--base-url", server,
+              "--out", str(tmp_path / "run")], tmp_path, agent_home, timeout=300)
+    assert "has no working tree for mini-swe-agent" in _one_line_error(p)
