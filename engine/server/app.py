@@ -26,7 +26,8 @@ from engine.server.generation import ClientDisconnected
 from engine.server.jsonguard import MAX_JSON_DEPTH, RequestError
 from engine.server.metrics import ServerMetrics, kv_cache_usage
 from engine.server.reasoning import reasoning_tags
-from engine.server.responses import responses_router
+from engine.server.responses import create_response, not_stored
+from engine.server.responses_schemas import ResponsesRequest
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from engine.server.state import ServingState
 from engine.server.tokenize import tokenizer_router
@@ -205,7 +206,14 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
         return await chat_completions(req, request, state)
 
     app.include_router(tokenizer_router(state))
-    app.include_router(responses_router(state))  # POST /v1/responses on the chat path
+
+    @app.post("/v1/responses")  # the Responses API on the chat path (engine.server.responses)
+    async def respond(req: ResponsesRequest, request: Request):
+        return await create_response(req, request, state)
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(response_id: str) -> Response:
+        return not_stored(response_id).response()
 
     @app.post("/v1/completions")
     async def complete(req: CompletionRequest, request: Request):

@@ -43,7 +43,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from starlette.background import BackgroundTask
@@ -169,7 +169,11 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     choice: Any = req.tool_choice
     if choice is not None and not isinstance(choice, str):
         choice = {"type": "function", "function": {"name": choice.name}}
-    body = {"model": req.model, "messages": chat_messages(req), "max_completion_tokens": req.max_output_tokens,
+    try:
+        messages = chat_messages(req)
+    except RequestError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    body = {"model": req.model, "messages": messages, "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": tools or None, "tool_choice": choice,
             "parallel_tool_calls": req.parallel_tool_calls, "logprobs": req.wants_logprobs() or None,
             "top_logprobs": req.top_logprobs, "response_format": _response_format(req)}
@@ -349,16 +353,7 @@ async def _sse(req: ResponsesRequest, response_id: str, created: int, gen: Gener
     yield sse([lifecycle("response.completed" if status == "completed" else "response.incomplete", status)])
 
 
-def responses_router(state: ServingState) -> APIRouter:
-    router = APIRouter()
-
-    @router.post("/v1/responses")
-    async def create(req: ResponsesRequest, request: Request):
-        return await create_response(req, request, state)
-
-    @router.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str):
-        raise ApiError(404, f"response {response_id!r} is not stored: this server keeps no responses (store is "
-                            f"ignored); use the body the POST returned", param="response_id", code="not_found")
-
-    return router
+def not_stored(response_id: str) -> ApiError:
+    """GET /v1/responses/{id}: nothing is kept, so every id is unknown (a 404 that says why)."""
+    return ApiError(404, f"response {response_id!r} is not stored: this server keeps no responses (store is "
+                         f"ignored); use the body the POST returned", param="response_id", code="not_found")
