@@ -180,12 +180,12 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        cause = (e.get("ctx") or {}).get("error")
+        first = exc.errors()[0]
+        cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, RequestError):
             raise _renamed(ApiError(400, str(cause), param=cause.param)) from None
-        where = ".".join(str(x) for x in e.get("loc", ()))
-        raise ApiError(400, f"invalid request: {where}: {e.get('msg')}", param="input") from None
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise ApiError(400, f"invalid request: {where}: {first.get('msg')}", param="input") from None
 
 
 class _Output:
