@@ -19,6 +19,7 @@ from msa_eval.errors import MsaEvalError
 from msa_eval.report.agent_turns import TASK_FIELDS, TURN_FIELDS, build_turns, plot_context_curves, table_markdown
 
 AGENT_SCHEMA = "msa-eval.agent-run/1"
+MAX_MARKDOWN_TURNS = 200  # a longer per-turn table stays in the CSV and JSON files (the Markdown is printed)
 FIELDS = ("backend", "attention", "model", "family", "tasks", "success_rate", "mean_steps",
           "mean_peak_context_tokens", "max_peak_context_tokens", "total_tokens", "cost_usd", "statuses")
 
@@ -137,7 +138,10 @@ def agents_markdown(rep: AgentReport) -> str:
     out += ["| " + " | ".join(_cells(r)) + " |" for r in rep.rows]
     if rep.tasks:
         out += ["", "Cost and context per task:", "", table_markdown(TASK_FIELDS, rep.tasks)]
-        out += ["Per turn (one model call):", "", table_markdown(TURN_FIELDS, rep.turns)]
+        if len(rep.turns) <= MAX_MARKDOWN_TURNS:
+            out += ["Per turn (one model call):", "", table_markdown(TURN_FIELDS, rep.turns)]
+        else:
+            out += [f"Per turn: {len(rep.turns)} model calls, in agents_turns.csv and agents.json (`turns`).", ""]
     out += [""] + [f"Note: {n}" for n in rep.notes]
     return "\n".join(out) + "\n"
 
