@@ -7,12 +7,15 @@ it is sent as content or as tool_calls deltas); the streamed fields equal the no
 With `logprobs: true` (and `top_logprobs: K` alternatives) every generated token's log p comes from
 the engine's rows (`SamplingParams.logprobs`, the same rows as /v1/completions' logprobs) in OpenAI's
 `choices[0].logprobs.content` shape; streamed, each chunk carries the tokens generated since the last.
+`response_format` (json_object, json_schema) holds the answer to JSON through constrained decoding
+(`engine.server.response_format` -> `SamplingParams.constraint`, `engine.constrained`).
 The server's timing split goes out in `msa_eval_timings` (engine.server.timings): in the body, or in
 the last chunk (the usage chunk when `stream_options.include_usage`, else the finish_reason chunk).
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -27,6 +30,7 @@ from engine.server.errors import ApiError
 from engine.server.generation import Generation
 from engine.server.logprobs import chat_logprobs
 from engine.server.reasoning import prompt_opens_block
+from engine.server.response_format import response_constraint
 from engine.server.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -74,12 +78,16 @@ async def start_chat(req: ChatCompletionRequest, state: ServingState, request_id
     generates a chat answer: /v1/chat/completions and /v1/responses); the parser splits the answer."""
     state.check_model(req.model)
     reject_unsupported(req)
+    tok = state.llm.tokenizer  # a schema is compiled (and a bad one refused) before the prompt is rendered
+    constraint = await asyncio.to_thread(response_constraint, req.response_format, tok, state.llm.config.vocab_size)
     prompt_ids = await asyncio.to_thread(state.chat_prompt_ids, req)  # off the event loop: long prompts take a while
     max_new = state.check_length(len(prompt_ids), req.max_new_tokens(), "messages")
     parser = _output_parser(req, state, prompt_ids)
     top = (req.top_logprobs or 0) if req.logprobs else None  # engine rows: the token and `top` alternatives
-    gen = Generation(state, request_id, prompt_ids, state.sampling_params(req, max_new, logprobs=top),
-                     req.stop_strings())
+    params = state.sampling_params(req, max_new, logprobs=top)
+    if constraint is not None:
+        params = dataclasses.replace(params, constraint=constraint)
+    gen = Generation(state, request_id, prompt_ids, params, req.stop_strings())
     return gen, parser
 
 

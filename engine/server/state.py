@@ -137,6 +137,3 @@ def reject_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     if isinstance(req, CompletionRequest) and req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
-    if isinstance(req, ChatCompletionRequest) and req.response_format and req.response_format.get("type") != "text":
-        raise ApiError(400, "response_format other than {'type': 'text'} is not supported (no constrained decoding)",
-                       param="response_format")

@@ -182,7 +182,8 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(base_url, client):
           "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
          400, "object"),
         ({"model": MODEL, "messages": msg, "n": 2}, 400, "n=1"),
-        ({"model": MODEL, "messages": msg, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"model": MODEL, "messages": msg, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "nope"}}}}, 400, "response_format"),
         ({"model": MODEL,
           "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          400, "messages"),
