@@ -1,5 +1,7 @@
 """A run's records as a Hugging Face `datasets.Dataset`: one row per (backend, sample), written as
 a `save_to_disk` folder (`hf`), a parquet file or a JSON-lines file. Schema: docs/records.md.
+(`inspect`, the records as inspect-ai eval logs, is `msa_eval.inspect_log`; it writes through
+`write_output` too.)
 
 Flat fields become typed columns and `answers` a list of strings; the dict-valued fields
 (`metrics`, `judge`, `msa_telemetry`, and `extra` for fields beyond the schema) are JSON
@@ -19,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,18 +131,28 @@ def write_dataset(ds: Any, fmt: str, path: Path, force: bool = False) -> Path:
     replaced only after the new output is complete."""
     if fmt not in FORMATS:
         raise MsaEvalError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
-    path = Path(path)
-    if (path.exists() or path.is_symlink()) and not force:
-        raise MsaEvalError(f"{path} exists: pass --force to replace it, or choose another --out")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _sibling(path, "tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         if fmt == "hf":
             ds.save_to_disk(str(tmp))
         elif fmt == "parquet":
             ds.to_parquet(str(tmp))
         else:
             ds.to_json(str(tmp), lines=True, force_ascii=False, double_precision=15)  # pandas' most
+
+    return write_output(path, write, force)
+
+
+def write_output(path: Path, write: Callable[[Path], None], force: bool = False) -> Path:
+    """`write(tmp)` a file or folder at a temporary sibling of `path`, then rename it to `path`:
+    an existing `path` is refused unless `force`, and replaced only once the new output is complete."""
+    path = Path(path)
+    if (path.exists() or path.is_symlink()) and not force:
+        raise MsaEvalError(f"{path} exists: pass --force to replace it, or choose another --out")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(path, "tmp")
+    try:
+        write(tmp)
         _fsync_tree(tmp)
         _replace(tmp, path)
     except BaseException:
