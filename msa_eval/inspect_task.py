@@ -6,7 +6,8 @@ OpenAI-compatible server (`msa-eval serve`, vLLM, ...) on the prompts `msa-eval 
       -T task=niah_single -T length=1k -T samples=3
 
 The samples are those of `msa-eval run SUITE --tasks TASK --lengths LENGTH --samples N --seed SEED
---mode MODE --backend openai` (same generator, seed and reference tokenizer), and each request is
+--mode MODE --backend openai` (same generator, seed and reference tokenizer; a suite's per-task
+max_tokens is `-T max_tokens=N` here), and each request is
 the one our openai backend sends for it (`msa_eval.runner.requests.to_request`: greedy, the task's
 max_tokens and stop, the sample's seed). How a prompt goes out decides inspect's provider:
 - a plain chat (`prompt_format` "chat": HELMET's chat tasks such as json_kv) goes as messages:
@@ -16,7 +17,8 @@ max_tokens and stop, the sample's seed). How a prompt goes out decides inspect's
   `openai-api-completions/SERVICE/MODEL`. Right only when the server serves the reference model
   (the same limit as `msa-eval run --backend openai`).
 A sample sent through the other kind of provider fails with one line naming the right one.
-SERVICE is any name; inspect reads `<SERVICE>_BASE_URL` and `<SERVICE>_API_KEY`.
+SERVICE is any name; inspect reads `<SERVICE>_BASE_URL` and `<SERVICE>_API_KEY`. Give the file's
+path relative to the working directory: inspect-ai 0.3.285 refuses an absolute task path.
 
 The scorer is the task's own (`Sample.score`): its value is our headline score (0-1) under the
 scorer named after our metric, with `parsed` as the answer and every metric in the metadata.
