@@ -124,3 +124,17 @@ def test_a_bad_response_format_is_a_400_naming_it(client, fmt, needle):
     assert_openai_error(e.value.response, 400)
     assert e.value.param == "response_format" and needle in e.value.message and "\n" not in e.value.message
     assert _ask(client, "hi", max_tokens=2).usage.completion_tokens >= 1  # still serving
+
+
+def test_the_responses_api_text_format_holds_to_the_schema(client):
+    fmt = {"type": "json_schema", "name": "book", "schema": BOOK, "strict": True}
+    r = client.responses.create(model=MODEL, input=ASKS[1], temperature=0, max_output_tokens=64, text={"format": fmt})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), BOOK)
+    parsed = client.responses.parse(model=MODEL, input=ASKS[2], temperature=0, max_output_tokens=64, text_format=City)
+    assert isinstance(parsed.output_parsed, City)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input="hi", max_output_tokens=4,
+                                text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}})
+    assert_openai_error(e.value.response, 400)
+    assert e.value.param == "text.format" and "Invalid type" in e.value.message
