@@ -19,6 +19,7 @@ TASKS = Registry(
         "icl": "tasks.helmet.icl:ManyShotICL",
         "json_kv": "tasks.helmet.recall_kv:JsonKV",
         "longqa": "tasks.helmet.longqa:LongQA",
+        "longbench_v2_file": "tasks.loaders.files:LongBenchV2File",
         "longqa_mc": "tasks.helmet.longqa:LongQAChoice",
         "mrcr": "tasks.helmet.mrcr:Mrcr",
         "mrcr_2": "tasks.helmet.mrcr:Mrcr2",

@@ -1,38 +1,23 @@
 """Real-data loaders: HELMET's JSON-KV files (`data/json_kv/test_k*_dep6.jsonl`: context,
-question, answer) and RULER's pre-generated files (`data/ruler/<task>/validation_<L>.jsonl`:
-input, outputs, optional answer_prefix). Rows are read in file order (sample i = row i).
+question, answer), RULER's pre-generated files (`data/ruler/<task>/validation_<L>.jsonl`:
+input, outputs, optional answer_prefix) and LongBench-v2's `data.json` (context, question,
+choice_A..choice_D, answer letter). Each file is JSON lines, a JSON array or parquet, read by
+`datasets` (`tasks.loaders.rows`); rows are read in file order (sample i = row i).
 
-HELMET rows are fitted to the target length by context-only truncation (HELMET's policy,
-counted in `truncated_tokens`); RULER inputs are whole prompts generated for one length, so
-a row longer than the target is refused rather than cut."""
+HELMET and LongBench-v2 rows are fitted to the target length by context-only truncation (HELMET's
+policy, counted in `truncated_tokens`; LongBench-v2's own script cuts the middle of the whole prompt
+instead); RULER inputs are whole prompts generated for one length, so a row longer than the target is
+refused rather than cut."""
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from pathlib import Path
+import re
 from typing import Any
 
 from tasks.base import BuildSpec, PromptParts, Sample, Task, TaskError, failed_score
 from tasks.common import after_prefix, finish, first_line
 from tasks.fitting import Fit, count_tokens, truncate_context
-from tasks.metrics import ruler_recall, substring_exact_match
-
-
-@lru_cache(maxsize=8)
-def read_jsonl(path: str) -> tuple[dict[str, Any], ...]:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise TaskError(f"data file {p} not found: put the HELMET/RULER file there or fix options.path")
-    rows = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                raise TaskError(f"{p}:{i} is not valid JSON: the file is damaged") from None
-    if not rows:
-        raise TaskError(f"{p} holds no rows")
-    return tuple(rows)
+from tasks.loaders.rows import read_rows
+from tasks.metrics import exact_match, ruler_recall, substring_exact_match
 
 
 class _FileTask(Task):
@@ -44,10 +29,15 @@ class _FileTask(Task):
     def _row(self, index: int) -> dict[str, Any]:
         if not self.path:
             raise TaskError(f"task {self.name} needs options: {{path: FILE}} in the suite file")
-        rows = read_jsonl(str(self.path))
+        rows = read_rows(str(self.path))
         if index >= len(rows):
             raise TaskError(f"{self.path} has {len(rows)} rows; ask for at most that many samples")
         return rows[index]
+
+    def _fields(self, row: dict[str, Any], index: int, names: tuple[str, ...], kind: str) -> None:
+        for k in names:
+            if row.get(k) is None:
+                raise TaskError(f"{self.path}: row {index} has no '{k}' field (not a {kind} file)")
 
 
 class HelmetJsonKVFile(_FileTask):
@@ -59,9 +49,7 @@ class HelmetJsonKVFile(_FileTask):
 
     def build(self, index: int, spec: BuildSpec) -> Sample:
         row = self._row(index)
-        for k in ("context", "question", "answer"):
-            if k not in row:
-                raise TaskError(f"{self.path}: row {index} has no '{k}' field (not a HELMET json_kv file)")
+        self._fields(row, index, ("context", "question", "answer"), "HELMET json_kv")
         question = row["question"]
         parts = PromptParts(
             "", row["context"],
@@ -69,7 +57,7 @@ class HelmetJsonKVFile(_FileTask):
             f"\n\nKey: {question}", "Corresponding value:")
         budget = self.budget(spec)
         parts, dropped = truncate_context(parts, spec.mode, spec.tokenizer, spec.target_length - budget)
-        fit = Fit(parts, int(row.get("num_kvs", 0)), 0, count_tokens(parts, spec.mode, spec.tokenizer))
+        fit = Fit(parts, int(row.get("num_kvs") or 0), 0, count_tokens(parts, spec.mode, spec.tokenizer))
         answers = row["answer"] if isinstance(row["answer"], list) else [row["answer"]]
         s = finish(self, index, spec, fit, [str(a) for a in answers], seed=index, source=str(self.path))
         s.metadata["truncated_tokens"] = dropped
@@ -92,9 +80,8 @@ class RulerFile(_FileTask):
 
     def build(self, index: int, spec: BuildSpec) -> Sample:
         row = self._row(index)
-        if "input" not in row or "outputs" not in row:
-            raise TaskError(f"{self.path}: row {index} lacks 'input'/'outputs' (not a RULER file)")
-        parts = PromptParts("", row["input"], "", row.get("answer_prefix", "").strip())
+        self._fields(row, index, ("input", "outputs"), "RULER")
+        parts = PromptParts("", row["input"], "", (row.get("answer_prefix") or "").strip())
         n = count_tokens(parts, spec.mode, spec.tokenizer)
         if n + self.budget(spec) > spec.target_length:
             raise TaskError(
@@ -110,3 +97,39 @@ class RulerFile(_FileTask):
         parsed = first_line(after_prefix(output, sample.metadata.get("answer_prefix", "")))
         return {"score": ruler_recall(output, sample.answers), "metric": self.metric,
                 "parsed": parsed or None, "extraction_failed": not parsed}
+
+
+class LongBenchV2File(_FileTask):
+    name = "longbench_v2_file"
+    category = "longqa"
+    metric = "exact_match"
+    max_tokens = 128
+    description = "LongBench-v2's data.json (options.path): four-choice questions, its zero-shot prompt and parse"
+    _FIELDS = ("context", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer")
+
+    def build(self, index: int, spec: BuildSpec) -> Sample:
+        row = self._row(index)
+        self._fields(row, index, self._FIELDS, "LongBench-v2")
+        choices = "\n".join(f"({c}) {row['choice_' + c]}" for c in "ABCD")
+        parts = PromptParts(
+            "Please read the following text and answer the question below.\n\n<text>\n", row["context"],
+            f"\n</text>\n\nWhat is the correct answer to this question: {row['question']}\nChoices:\n{choices}"
+            f"\n\nFormat your response as follows: \"The correct answer is (insert answer here)\".")
+        budget = self.budget(spec)
+        parts, dropped = truncate_context(parts, spec.mode, spec.tokenizer, spec.target_length - budget)
+        fit = Fit(parts, 0, 0, count_tokens(parts, spec.mode, spec.tokenizer))
+        s = finish(self, index, spec, fit, [str(row["answer"]).strip()], seed=index, source=str(self.path))
+        s.metadata |= {"truncated_tokens": dropped, "difficulty": row.get("difficulty"), "length": row.get("length"),
+                       "domain": row.get("domain")}
+        return s
+
+    def score(self, sample: Sample, output: str | None) -> dict[str, Any]:
+        """LongBench-v2's parse: the letter in "The correct answer is (X)", else "The correct answer is X"."""
+        if not output or not output.strip():
+            return failed_score(self.metric)
+        text = output.replace("*", "")
+        m = (re.search(r"The correct answer is \(([A-D])\)", text)
+             or re.search(r"The correct answer is ([A-D])", text))
+        parsed = m.group(1) if m else None
+        return {"score": exact_match(parsed, sample.answers) if parsed else 0.0,
+                "metric": self.metric, "parsed": parsed, "extraction_failed": parsed is None}
