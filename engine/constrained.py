@@ -106,8 +106,11 @@ class GrammarState:
 
     def __init__(self, constraint: JsonConstraint, tokenizer: Tokenizer, vocab_size: int):
         self.vocab_size = vocab_size
-        self._matcher = llguidance.LLMatcher(grammar_tokenizer(tokenizer, vocab_size), constraint.grammar(),
-                                             log_level=0)
+        lltok, grammar = grammar_tokenizer(tokenizer, vocab_size), constraint.grammar()
+        try:  # the library reports most faults through is_error(), some by raising
+            self._matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise ConstraintError(f"invalid JSON schema: {e}") from e
         if self._matcher.is_error():
             raise ConstraintError(f"invalid JSON schema: {self._matcher.get_error()}")
 
