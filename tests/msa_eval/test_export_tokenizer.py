@@ -99,3 +99,20 @@ def test_an_existing_export_is_refused_without_force(tmp_path):
 
     assert CliRunner().invoke(cli, ["export-tokenizer", "smollm2-135m", str(out), "--force"]).exit_code == 0
     assert json.loads(config.read_text())["eos_token"] == "<|im_end|>" and (out / "tokenizer.json").is_file()
+
+
+def test_a_tokenizer_that_adds_bos_exports_a_post_processor_that_adds_it(tmp_path):
+    """A model whose tokenizer adds BOS to plain prompts (Llama-style GGUFs and HF configs with add_bos_token):
+    AutoTokenizer on the export adds it exactly where `encode(text, add_special_tokens=True)` does."""
+    from engine.loader.resolve import load_tokenizer
+    from engine.tokenizer import Tokenizer
+    from engine.tokenizer_export import write_hf_tokenizer
+
+    base = load_tokenizer("smollm2-135m", progress=False).tokenizer
+    ours = Tokenizer(base._tok, base.chat_template, base.bos_token, base.eos_token, base.eos_token_ids, add_bos=True)
+    write_hf_tokenizer(ours, tmp_path, 8192)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in TEXTS[:5]:
+        ids = ours.encode(text, add_special_tokens=True)
+        assert ids[0] == ours.bos_token_id and hf(text)["input_ids"] == ids
+        assert hf(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
