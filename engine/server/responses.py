@@ -2,14 +2,14 @@
 
 `chat_request` maps the Responses body onto a `ChatCompletionRequest` (validated as chat validates
 it), `engine.server.chat.start_chat` renders and admits it, and the chat output parser
-(`engine.server.chatoutput`) splits the answer; `_Output` turns the parser's deltas into Responses
+(`engine.server.chatoutput`) splits the answer; `Output` turns the parser's deltas into Responses
 output items and, streamed, into the typed server-sent events the openai SDK parses
 (`response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, `response.output_text.delta` / `response.reasoning_text.delta`, their
 `.done`s, `response.function_call_arguments.delta`/`.done`, `response.output_item.done`, and last
 `response.completed`, or `response.incomplete` when the answer was cut at its token limit, or
 `error` + `response.failed` when the engine failed). The non-streamed body is built by the same
-`_Output`, so the streamed deltas concatenate to its text.
+`Output`, so the streamed deltas concatenate to its text.
 
 The mapping:
   * `instructions` -> a leading system message; `input` as a string -> one user message; items:
@@ -188,18 +188,18 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         raise ApiError(400, f"invalid request: {where}: {first.get('msg')}", param="input") from None
 
 
-class _Output:
+class Output:
     """The output items of one answer, fed the chat parser's (field, text) deltas; every method returns the
     streamed events (dicts without sequence numbers) of what it added."""
 
-    def __init__(self, logprobs: LogprobsCursor) -> None:
+    def __init__(self, logprobs: LogprobsCursor | None = None) -> None:  # None: logprobs not asked for
         self.items: list[OutputItem] = []
         self._open: dict[str, int] = {}  # parser field -> output index of its item
         self._cursor = logprobs
-        self._rows: list[dict[str, Any]] | None = [] if logprobs.gen.params.logprobs is not None else None
+        self._rows: list[dict[str, Any]] | None = [] if logprobs is not None else None
 
     def _new_rows(self) -> list[dict[str, Any]]:
-        got = self._cursor.take()
+        got = self._cursor.take() if self._cursor is not None else None
         rows = [t.model_dump() for t in (got.content or [])] if got is not None else []
         if self._rows is not None:
             self._rows += rows
@@ -272,7 +272,7 @@ class _Output:
         return events
 
 
-def _response(req: ResponsesRequest, response_id: str, created: int, status: Status, output: _Output,
+def _response(req: ResponsesRequest, response_id: str, created: int, status: Status, output: Output,
               gen: Generation | None = None, error: ResponseError | None = None) -> ResponseObject:
     finished = gen is not None and status in ("completed", "incomplete")
     usage = None
@@ -307,7 +307,7 @@ async def create_response(req: ResponsesRequest, http_request: Request, state: S
         gen, parser = await start_chat(chat, state, response_id)
     except ApiError as e:
         raise _renamed(e) from None
-    output = _Output(LogprobsCursor(gen))
+    output = Output(LogprobsCursor(gen) if chat.logprobs else None)
     created = int(time.time())
     if req.stream:
         return StreamingResponse(_sse(req, response_id, created, gen, parser, output), media_type="text/event-stream",
@@ -320,7 +320,7 @@ async def create_response(req: ResponsesRequest, http_request: Request, state: S
 
 
 async def _sse(req: ResponsesRequest, response_id: str, created: int, gen: Generation, parser: Any,
-               output: _Output) -> AsyncIterator[str]:
+               output: Output) -> AsyncIterator[str]:
     sequence = 0
 
     def sse(events: list[dict[str, Any]]) -> str:

@@ -11,7 +11,9 @@ import httpx
 import openai
 import pytest
 
-from engine.server.responses import chat_request
+from engine.server.chatoutput import ChatOutputParser
+from engine.server.reasoning import THINK
+from engine.server.responses import Output, chat_request
 from engine.server.responses_schemas import ResponsesRequest
 from tests.engine.openai_shape import assert_openai_error
 from tests.engine.serve_process import running_server
@@ -224,3 +226,73 @@ def test_unknown_model_and_stored_responses_are_404s(client, base_url):
         client.responses.retrieve("resp_123")
     assert "keeps no responses" in e.value.message
     assert_openai_error(httpx.get(base_url + "/responses/resp_123"), 404)
+
+
+def test_reasoning_becomes_a_reasoning_item_before_the_message():
+    # the deltas the chat parser gives for "<think>Paris is in France.</think>Paris." with --reasoning-parser think
+    parser = ChatOutputParser({}, THINK)
+    out = Output()
+    events = []
+    for piece in ("<thi", "nk>Paris is in", " France.</th", "ink>Par", "is."):
+        events += out.feed(parser.feed(piece))
+    rest, parsed = parser.finish()
+    events += out.feed(rest) + out.finish(parsed.tool_calls, incomplete=False)
+    reasoning, message = out.items
+    assert (reasoning.type, reasoning.content[0].text, reasoning.status) == ("reasoning", "Paris is in France.",
+                                                                             "completed")
+    assert (message.type, message.content[0].text) == ("message", parsed.content) == ("message", "Paris.")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.reasoning_text.delta") < kinds.index("response.output_text.delta")
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == (
+        "Paris is in France.")
+    assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [0, 1]
+    # handed back as input, the reasoning item goes to the assistant turn it belongs to
+    req = ResponsesRequest(model=MODEL, input=[
+        {"role": "user", "content": "Capital of France?"}, reasoning.model_dump(), message.model_dump(),
+        {"role": "user", "content": "And of Italy?"}])
+    assert chat_request(req).messages[1].reasoning_content == "Paris is in France."
+
+
+@pytest.mark.slow
+def test_inspect_ai_s_openai_provider_runs_a_tool_loop_through_the_responses_api(base_url, tmp_path, monkeypatch):
+    inspect_ai = pytest.importorskip("inspect_ai")
+    from inspect_ai.dataset import Sample
+    from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, GenerateConfig
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate, use_tools
+    from inspect_ai.tool import ToolCall, tool
+
+    @tool
+    def get_weather():
+        async def execute(city: str) -> str:
+            """Weather forecast.
+
+            Args:
+                city: The city.
+            """
+            return f"25 C, sunny in {city}"
+        return execute
+
+    def shown(city: str, i: int) -> ChatMessageAssistant:
+        return ChatMessageAssistant(content="", tool_calls=[ToolCall(id=f"call_{i}", function="get_weather",
+                                                                     arguments={"city": city})])
+
+    few_shot = [ChatMessageUser(content="Weather in Paris?"), shown("Paris", 1),
+                ChatMessageUser(content="Weather in Berlin?"), shown("Berlin", 2),
+                ChatMessageUser(content="Weather in Rome?")]
+    task = inspect_ai.Task(dataset=[Sample(input=few_shot, target="25 C")],
+                           solver=[use_tools(get_weather()), generate()], scorer=includes(),
+                           config=GenerateConfig(temperature=0, max_tokens=32))
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    # openai/ with responses_api: inspect's default OpenAI provider, on the Responses API for any model name
+    [log] = inspect_ai.eval(task, model=f"openai/{MODEL}", model_base_url=base_url, model_args={"responses_api": True},
+                            log_dir=str(tmp_path), display="none", message_limit=10)
+    assert log.status == "success", log.error
+    messages = log.samples[0].messages
+    call = messages[5].tool_calls[0]
+    assert (call.function, call.arguments) == ("get_weather", {"city": "Rome"})
+    assert (messages[6].role, messages[6].text) == ("tool", "25 C, sunny in Rome")
+    assert messages[7].role == "assistant" and "25 C" in messages[7].text
+    model_calls = [e.call.request for e in log.samples[0].events if e.event == "model"]
+    assert all("input" in r and "messages" not in r for r in model_calls)  # Responses bodies, not chat ones
+    assert any(item.get("type") == "function_call_output" for item in model_calls[-1]["input"])
