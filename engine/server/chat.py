@@ -9,6 +9,8 @@ the engine's rows (`SamplingParams.logprobs`, the same rows as /v1/completions' 
 `choices[0].logprobs.content` shape; streamed, each chunk carries the tokens generated since the last.
 `response_format` (json_object, json_schema) holds the answer to JSON through constrained decoding
 (`engine.server.response_format` -> `SamplingParams.constraint`, `engine.constrained`).
+`temperature` / `top_p` left out or null are OpenAI's defaults, 1 and 1: the answer is sampled (send
+temperature 0 for greedy). `start_chat` is also the way in of /v1/responses (engine.server.responses).
 The server's timing split goes out in `msa_eval_timings` (engine.server.timings): in the body, or in
 the last chunk (the usage chunk when `stream_options.include_usage`, else the finish_reason chunk).
 """

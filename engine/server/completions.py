@@ -9,6 +9,7 @@ a long scoring request never holds the engine; entry 0 is None (no context). Gen
 logprobs come from the logits each token was sampled from: log p under the model's full
 distribution, before temperature/top-p. max_tokens=0 with echo scores the prompt only.
 Several prompts in one request become several choices; streaming takes one prompt only.
+`temperature` / `top_p` left out or null are OpenAI's defaults, 1 and 1 (sampling; send 0 for greedy).
 The server's timing split goes out in `msa_eval_timings` (engine.server.timings): in the body (one
 prompt), in each choice (several), or streamed in the last chunk (the usage chunk with
 `stream_options.include_usage`, else the finish_reason chunk).

@@ -184,7 +184,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         cause = (first.get("ctx") or {}).get("error")
         if isinstance(cause, RequestError):
             raise _renamed(ApiError(400, str(cause), param=cause.param)) from None
-        where = ".".join(str(x) for x in first.get("loc", ()))
+        where = ".".join(str(x) for x in first.get("loc", ())).replace("messages", "input (as chat messages)", 1)
         raise ApiError(400, f"invalid request: {where}: {first.get('msg')}", param="input") from None
 
 
