@@ -79,6 +79,8 @@ def test_the_stream_helper_gives_the_non_streamed_response(client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert len(deltas) > 1 and "".join(deltas) == whole.output_text == final.output_text
+    chat = _chat(client, [{"role": "user", "content": "What is the capital of France?"}], max_tokens=14)
+    assert final.output_text == chat.choices[0].message.content
     assert [o.type for o in final.output] == ["message"] and final.status == "completed"
     assert (final.usage.input_tokens, final.usage.output_tokens) == (whole.usage.input_tokens,
                                                                      whole.usage.output_tokens)
@@ -296,3 +298,20 @@ def test_inspect_ai_s_openai_provider_runs_a_tool_loop_through_the_responses_api
     model_calls = [e.call.request for e in log.samples[0].events if e.event == "model"]
     assert all("input" in r and "messages" not in r for r in model_calls)  # Responses bodies, not chat ones
     assert any(item.get("type") == "function_call_output" for item in model_calls[-1]["input"])
+
+
+def test_the_calls_of_one_turn_join_one_assistant_message():
+    req = ResponsesRequest(model=MODEL, instructions="Be brief.", input=[
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        _call("Paris", 1), _call("Rome", 2),
+        {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "25 C"}]},
+        {"role": "user", "content": "Thanks."}, _call("Oslo", 3)])
+    chat = chat_request(req)
+    assert [(m.role, m.text()) for m in chat.messages] == [
+        ("system", "Be brief."), ("user", "Weather in Paris and Rome?"), ("assistant", "Checking."),
+        ("tool", "18 C"), ("tool", "25 C"), ("user", "Thanks."), ("assistant", "")]
+    assert [c.id for c in chat.messages[2].tool_calls] == ["call_1", "call_2"]
+    assert [m.tool_call_id for m in chat.messages[3:5]] == ["call_1", "call_2"]
+    assert chat.messages[6].tool_calls[0].function.arguments == '{"city": "Oslo"}'
