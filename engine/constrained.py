@@ -116,8 +116,15 @@ class GrammarState:
 
     def fill(self, bitmask: torch.Tensor) -> None:
         """Write the allowed next tokens into `bitmask` `[ceil(vocab / 32)]` int32 (CPU, contiguous; bit j of
-        word w allows token 32 w + j). A matcher in error allows nothing (the sampler then fails the request)."""
-        self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
+        word w allows token 32 w + j). A matcher in error, or a mask of the wrong width, allows nothing: the
+        sampler then fails this request alone."""
+        if bitmask.numel() != -(-self.vocab_size // 32):
+            bitmask.zero_()
+            return
+        try:
+            self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
+        except (ValueError, RuntimeError):
+            bitmask.zero_()
 
     def advance(self, token: int) -> None:
         """Feed the drawn token; ConstraintError when the grammar refuses it (a token drawn outside the mask)."""
@@ -151,8 +158,6 @@ def allowed_tokens(grammars: list[GrammarState | None], vocab: int, device: torc
     bits = torch.full((len(grammars), words), -1, dtype=torch.int32)  # -1: every bit set
     for i, g in enumerate(grammars):
         if g is not None:
-            if g.vocab_size != vocab:
-                raise ValueError(f"grammar built for {g.vocab_size} logits, the model gives {vocab}")
             g.fill(bits[i])
     bits = bits.to(device)
     shifts = _SHIFTS.get(device)

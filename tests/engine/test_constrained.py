@@ -98,6 +98,9 @@ def test_the_mask_allows_only_what_the_grammar_allows(default_llm):
         grammar.advance(t)
     assert grammar.done
     assert allowed_tokens([None, None], vocab, torch.device("cpu")) is None
+    wide = GrammarState(JsonConstraint(), tok, vocab + 32)  # built for other logits: its mask allows nothing
+    wrong = allowed_tokens([wide, None], vocab, torch.device("cpu"))
+    assert wrong is not None and not bool(wrong[0].any()) and bool(wrong[1].all())
 
 
 @pytest.mark.parametrize("schema", [{"type": "nope"}, {"type": "string", "pattern": "(["},
