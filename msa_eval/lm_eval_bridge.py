@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import lm_eval.models  # noqa: F401 - registers lm-eval's own models first: registering ours before that hides them
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model

@@ -110,11 +110,7 @@ def test_local_completions_equals_the_msa_local_bridge(base_url, default_llm, ta
     tasks: every request's log-likelihood equals the in-process `msa-local` bridge's within 1e-4, and so
     does the is-greedy flag."""
     pytest.importorskip("aiohttp")
-    # lm-eval fills its model registry on first look-up only while it is empty: the bridge's msa-local
-    # registration would hide local-completions, so lm-eval's own models are registered first
-    import lm_eval.models  # noqa: F401
-
-    import msa_eval.lm_eval_bridge  # noqa: F401 - registers msa-local
+    import msa_eval.lm_eval_bridge  # noqa: F401 - registers msa-local (and, before it, lm-eval's own models)
     from engine.tokenizer_export import write_hf_tokenizer
 
     tok_dir = tmp_path / "tok"

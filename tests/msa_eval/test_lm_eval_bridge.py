@@ -55,3 +55,13 @@ def test_loglikelihoods_match_the_engine(lm_eval_run):
     for s in samples["msa_tiny_mc"]:  # each choice scored as log p(choice | question)
         lls = [float(r[0][0]) if isinstance(r[0], list) else float(r[0]) for r in s["resps"]]
         assert all(x < 0 for x in lls) and len(lls) == 2
+
+
+def test_importing_the_bridge_keeps_lm_evals_own_models_visible():
+    """lm-eval fills its registry on the first look-up only while it is empty: the bridge registers
+    lm-eval's models before msa-local, so `local-completions` still resolves in a fresh process."""
+    code = ("import msa_eval.lm_eval_bridge; from lm_eval.api.registry import get_model; "
+            "print(get_model('local-completions').__name__, get_model('msa-local').__name__)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["LocalCompletionsAPI", "MsaLocalLM"]
