@@ -100,31 +100,32 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": req.instructions}] if req.instructions else []
     if isinstance(req.input, str):
         return [*messages, {"role": "user", "content": req.input}]
-    calls: set[str] = set()
+    turn_calls: set[str] = set()  # the call ids of the latest assistant turn: what outputs may answer
     reasoning: str | None = None
     open_turn = False  # the last message is an assistant turn that later function_call items join
     for i, item in enumerate(req.input):
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": _text(item.content, f"input[{i}].content")})
-            open_turn = item.role == "assistant"
+            open_turn, turn_calls = item.role == "assistant", set()
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
             if not open_turn:
                 messages.append({"role": "assistant", "content": None})
-                open_turn = True
+                open_turn, turn_calls = True, set()
             messages[-1].setdefault("tool_calls", []).append(call)
-            calls.add(item.call_id)
+            turn_calls.add(item.call_id)
         elif isinstance(item, FunctionCallOutputItem):
-            if item.call_id not in calls:
-                raise RequestError(f"input[{i}] is the function_call_output of call_id {item.call_id!r}, but no "
-                                   f"function_call item before it has that call_id; send the call first",
-                                   param="input")
+            if item.call_id not in turn_calls:
+                raise RequestError(f"input[{i}] is the function_call_output of call_id {item.call_id!r}, which is "
+                                   f"not among the function_call items just before it; send each turn's calls, "
+                                   f"then their outputs", param="input")
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": _text(item.output, f"input[{i}].output")})
             open_turn = False
         else:  # reasoning: held for the assistant turn it belongs to
-            reasoning = _text(item.content if item.content is not None else item.summary, f"input[{i}].content")
+            reasoning = _text(item.content if item.content is not None else item.summary,
+                              f"input[{i}].content") or None
             continue
         if reasoning is not None and messages[-1]["role"] == "assistant":
             messages[-1]["reasoning_content"], reasoning = reasoning, None

@@ -208,6 +208,8 @@ M = {"model": MODEL, "input": "hi", "max_output_tokens": 2}
     ({**M, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input", "input_image"),
     ({**M, "input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]}, "input", "call_9"),
+    ({**M, "input": [_call("Rome", 3), {"role": "user", "content": "and?"},
+                     {"type": "function_call_output", "call_id": "call_3", "output": "x"}]}, "input", "just before it"),
     ({**M, "tools": [{"type": "web_search"}]}, "tools", "function tools only"),
     ({**M, "tools": [WEATHER], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
      "tool_choice", "allowed_tools"),
