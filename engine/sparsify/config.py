@@ -20,7 +20,6 @@ class SparsifyConfig:
     queries: int = 128  # query positions sampled per step
     lr: float = 2e-3
     teacher: str = "mean"  # "mean" (msa-spec) | "max" (per-key max over the group's heads)
-    objective: str = "token"  # "token": dense then sparse token KL (msa-spec) | "block": history-block KL
     long_range: float = 0.0  # share of each step's queries drawn by far mass (0: all uniform)
     recurrence: float = 0.0  # share of each training sequence's tokens overwritten by copies of earlier spans
     seed: int = 0
@@ -31,8 +30,6 @@ class SparsifyConfig:
     def __post_init__(self) -> None:
         if self.teacher not in ("mean", "max"):
             raise ValueError(f"--teacher {self.teacher!r}: use mean or max")
-        if self.objective not in ("token", "block"):
-            raise ValueError(f"--objective {self.objective!r}: use token or block")
         if not 0.0 <= self.long_range <= 1.0:
             raise ValueError(f"--long-range {self.long_range} must lie in [0, 1]")
         if not 0.0 <= self.recurrence <= 0.5:

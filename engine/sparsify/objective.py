@@ -13,12 +13,6 @@ Shapes: a sequence of S tokens; Q sampled query positions `pos [Q]`; main attent
   blocks by block-max score, ties to the smaller id, plus the own block); each head's teacher is
   renormalised over that support (the main branch's LSE is the sparse one) before averaging.
 Loss = mean over (query, group) of KL(teacher || student).
-
-Objective "block" (`block_kl_loss`) instead trains what the selection uses: over the history blocks
-only (the blocks before the own one, which is forced anyway), KL between the teacher's block masses
-(renormalised on the history) and the softmax of the student's block-max scores. The token objective
-spends most of its weight on the own block's keys, which the selection never ranks, and its sparse
-phase gets no gradient from a block the student failed to select.
 """
 from __future__ import annotations
 
@@ -109,31 +103,6 @@ def kl_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, support: torch.Tenso
     log_s = torch.log_softmax(s_logits.masked_fill(~support, neg), dim=-1)
     log_t = torch.log(t.clamp_min(1e-30))
     kl = torch.where(t > 0, t * (log_t - log_s.clamp_min(-1e30)), torch.zeros_like(t)).sum(-1)
-    return kl.mean()
-
-
-def block_kl_loss(t_logits: torch.Tensor, s_logits: torch.Tensor, pos: torch.Tensor, block: int,
-                  teacher: str = "mean") -> torch.Tensor:
-    """Mean over (query, group) of KL(teacher block mass || softmax of the student's block maxima) on
-    the history blocks `b < pos // block` (queries without a history block are left out).
-
-    t_logits `[Q, Hkv, G, S]`, s_logits `[Q, Hkv, S]` (as `kl_loss`)."""
-    keep = pos >= block
-    if not bool(keep.any()):
-        return s_logits.sum() * 0.0
-    t_logits, s_logits, pos = t_logits[keep], s_logits[keep], pos[keep]
-    qn, hkv, s = s_logits.shape
-    nb = -(-s // block)
-    hist = torch.arange(s, device=pos.device)[None, :] < ((pos // block) * block)[:, None]  # [Q, S]
-    t = teacher_probs(t_logits, hist[:, None, :].expand(qn, hkv, s), teacher)
-    pad = nb * block - s
-    neg = float("-inf")
-    t_blk = torch.nn.functional.pad(t, (0, pad)).view(qn, hkv, nb, block).sum(-1)
-    s_tok = torch.nn.functional.pad(s_logits.masked_fill(~hist[:, None, :], neg), (0, pad), value=neg)
-    s_blk = s_tok.view(qn, hkv, nb, block).amax(-1)
-    log_s = torch.log_softmax(s_blk, dim=-1)
-    log_t = torch.log(t_blk.clamp_min(1e-30))
-    kl = torch.where(t_blk > 0, t_blk * (log_t - log_s.clamp_min(-1e30)), torch.zeros_like(t_blk)).sum(-1)
     return kl.mean()
 
 

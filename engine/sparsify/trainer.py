@@ -95,20 +95,8 @@ class LayerTrainer:
             pos = torch.cat([pos.to(self.dev), pool[far.topk(n_far).indices]])
         return pos.sort().values.to(self.dev)
 
-    def _loss(self, t: torch.Tensor, s: torch.Tensor, pos: torch.Tensor, sparse: bool) -> torch.Tensor:
-        """The step's objective: the history-block KL for objective "block" (both phases), else the
-        token KL over the whole causal history (warm-up) or over the selected blocks (`sparse`)."""
-        cfg, B = self.cfg, self.msa.block_size
-        if cfg.objective == "block":
-            return obj.block_kl_loss(t, s, pos, B, cfg.teacher)
-        if sparse:
-            support = obj.sparse_support(s, pos, B, self.msa.topk)
-        else:
-            support = obj.causal_mask(pos, s.shape[-1])[:, None, :].expand_as(s)
-        return obj.kl_loss(t, s, support, cfg.teacher)
-
     def train(self, gen: torch.Generator, on_step: Callable[[float], None]) -> list[float]:
-        cfg = self.cfg
+        cfg, S = self.cfg, self.h.shape[1]
         params = list(self.ix.parameters())
         for p in params:
             p.requires_grad_(True)
@@ -122,7 +110,11 @@ class LayerTrainer:
             n = int(torch.randint(n_train, (1,), generator=gen))
             pos = self._sample_queries(n, gen)
             t, s = self._logits(n, pos, grad=True)
-            loss = self._loss(t, s, pos, sparse=step >= cfg.warmup_steps)
+            if step < cfg.warmup_steps:
+                support = obj.causal_mask(pos, S)[:, None, :].expand_as(s)
+            else:
+                support = obj.sparse_support(s, pos, self.msa.block_size, self.msa.topk)
+            loss = obj.kl_loss(t, s, support, cfg.teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

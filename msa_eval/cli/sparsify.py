@@ -45,9 +45,6 @@ def _layers(value: str | None) -> tuple[int, ...] | None:
 @click.option("--lr", default=2e-3, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--teacher", default="mean", show_default=True, type=click.Choice(["mean", "max"]),
               help="Group teacher: mean of the heads' probabilities (msa-spec) or their per-key max, renormalised.")
-@click.option("--objective", default="token", show_default=True, type=click.Choice(["token", "block"]),
-              help="token: dense then sparse token KL (msa-spec); block: KL over the history blocks' masses against "
-                   "the indexer's block maxima, what the selection ranks (both phases).")
 @click.option("--long-range", default=0.0, show_default=True, type=click.FloatRange(0, 1),
               help="Share of each step's queries taken as those with the most attention mass outside their own block.")
 @click.option("--recurrence", default=0.0, show_default=True, type=click.FloatRange(0, 0.5),
@@ -60,7 +57,7 @@ def _layers(value: str | None) -> tuple[int, ...] | None:
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available).")
 @click.option("--json", "as_json", is_flag=True, help="Print the provenance as JSON.")
 def sparsify_cmd(model, out, block_size, topk, d_idx, dense_layers, index_norm, tokens, seq_len, warmup_steps,
-                 steps, queries, lr, teacher, objective, long_range, recurrence, seed, data, device, as_json):
+                 steps, queries, lr, teacher, long_range, recurrence, seed, data, device, as_json):
     """Train MSA index projections for MODEL by KL alignment; the backbone stays frozen."""
     from engine.sparsify import SparsifyConfig, sparsify
     from msa_eval.errors import MsaEvalError
@@ -69,8 +66,8 @@ def sparsify_cmd(model, out, block_size, topk, d_idx, dense_layers, index_norm, 
         cfg = SparsifyConfig(model=model, out=out, block_size=int(block_size), topk=int(topk),
                              d_idx=int(d_idx) if d_idx else None, dense_layers=_layers(dense_layers),
                              index_norm=index_norm, tokens=tokens, seq_len=seq_len, warmup_steps=warmup_steps,
-                             steps=steps, queries=queries, lr=lr, teacher=teacher, objective=objective,
-                             long_range=long_range, recurrence=recurrence, seed=seed, data=tuple(data), device=device)
+                             steps=steps, queries=queries, lr=lr, teacher=teacher, long_range=long_range,
+                             recurrence=recurrence, seed=seed, data=tuple(data), device=device)
     except ValueError as e:
         raise MsaEvalError(str(e)) from None
     command = "msa-eval " + " ".join(shlex.quote(a) for a in sys.argv[1:])
