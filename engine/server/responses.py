@@ -20,7 +20,8 @@ The mapping:
     assistant turn's `reasoning_content` (encrypted reasoning cannot be read and is dropped).
   * `tools` (flat function tools) and `tool_choice` -> chat's tools, rendered as chat renders them
     (engine.server.toolcalls: a prompt convention, not constrained decoding).
-  * `max_output_tokens` -> max_completion_tokens (none: the server's --default-max-tokens);
+  * `max_output_tokens` (>= 1; OpenAI's minimum is 16) -> max_completion_tokens (none: the server's
+    --default-max-tokens);
     `temperature` / `top_p` left out -> OpenAI's defaults, 1 and 1 (set temperature 0 for greedy).
   * `text.format` -> chat's `response_format` (whatever chat supports; refused there by name).
   * `include: ["message.output_text.logprobs"]` (+ `top_logprobs`) -> the logprobs of every generated

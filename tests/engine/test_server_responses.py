@@ -167,7 +167,7 @@ def test_logprobs_equal_chat_logprobs(client):
 
 
 def test_sampling_defaults_are_openai_s(client):
-    # left out: temperature 1 and top_p 1 (sampling), on every endpoint; null means the same on chat
+    # left out: temperature 1 and top_p 1 (sampling), on every endpoint; null means the same
     assert (chat_request(ResponsesRequest(model=MODEL, input="hi")).temperature,
             chat_request(ResponsesRequest(model=MODEL, input="hi")).top_p) == (1.0, 1.0)
     msg = [{"role": "user", "content": "Invent a name for a cat."}]
@@ -179,6 +179,10 @@ def test_sampling_defaults_are_openai_s(client):
     greedy = client.chat.completions.create(model=MODEL, messages=msg, max_tokens=6, temperature=0)
     texts = [x.choices[0].message.content for x in (left_out, explicit, nulls)]
     assert texts == [texts[0]] * 3 and texts[0] != greedy.choices[0].message.content
+    prompt = "My cat's name is"
+    done = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, seed=7, **kw).choices[0].text
+            for kw in ({}, {"temperature": 1, "top_p": 1}, {"temperature": 0})]
+    assert done[0] == done[1] != done[2]
     r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
     assert (r.temperature, r.top_p) == (1.0, 1.0)
 
