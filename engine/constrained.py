@@ -54,12 +54,14 @@ import json
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import llguidance
 import torch
 
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported where used: a request without a constraint never loads the grammar library
+    import llguidance
 
 # fixed separators, no free whitespace (module docstring)
 _JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
@@ -79,6 +81,8 @@ class JsonConstraint:
 
     def grammar(self) -> str:
         """The llguidance grammar text (ConstraintError when the schema is not a JSON object)."""
+        import llguidance
+
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(
                 json.dumps(_ANY_OBJECT if self.schema is None else self.schema), defaults=_JSON_OPTIONS)
@@ -93,6 +97,8 @@ _tokenizers: weakref.WeakKeyDictionary[Tokenizer, dict[int, llguidance.LLTokeniz
 def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of our tokenizer (built from its tokenizer.json text, about 1 s for a 49K vocabulary),
     once per tokenizer and logits width `vocab_size` (ids the tokenizer lacks are never allowed)."""
+    import llguidance
+
     with _cache_lock:
         per_width = _tokenizers.setdefault(tokenizer, {})
         if vocab_size not in per_width:
@@ -106,6 +112,8 @@ class GrammarState:
 
     def __init__(self, constraint: JsonConstraint, tokenizer: Tokenizer, vocab_size: int):
         self.vocab_size = vocab_size
+        import llguidance
+
         lltok, grammar = grammar_tokenizer(tokenizer, vocab_size), constraint.grammar()
         try:  # the library reports most faults through is_error(), some by raising
             self._matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
