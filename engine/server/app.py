@@ -92,7 +92,8 @@ def _on_step(metrics: ServerMetrics):
 
 def route_label(routes: list[BaseRoute], scope: dict) -> str:
     """The route template a request matches (`/v1/models/{model:path}`), "other" for a path no route serves:
-    a metric label set bounded by the routes, whatever URLs clients probe."""
+    a metric label set bounded by the routes, whatever URLs clients probe. Register /v1 routes on the app
+    itself: FastAPI 0.165 keeps an `include_router` router as one entry without a path, labelled "other"."""
     for route in routes:
         match, _ = route.matches(scope)
         if match != Match.NONE:  # PARTIAL: the path matches, the method does not (a 405)

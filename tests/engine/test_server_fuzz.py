@@ -81,7 +81,8 @@ def schema(server):
 
 
 def _operations() -> list[tuple[str, str]]:
-    return [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/tokenize"),
+    return [("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/responses"),
+            ("GET", "/v1/responses/{response_id}"), ("POST", "/tokenize"),
             ("POST", "/detokenize"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}"), ("GET", "/tokenizer_info"),
             ("GET", "/health"), ("GET", "/metrics")]
 
@@ -104,14 +105,14 @@ def _bounded(path: str, body, positive: bool):
         if path == "/v1/completions" and isinstance(body.get("prompt"), list):
             body["prompt"] = [[abs(t) % VOCAB for t in x] if isinstance(x, list) else
                               abs(x) % VOCAB if isinstance(x, int) else x for x in body["prompt"]]
-    if path in ("/v1/chat/completions", "/v1/completions"):
-        keys = [k for k in ("max_tokens", "max_completion_tokens") if k in body]
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        keys = [k for k in ("max_tokens", "max_completion_tokens", "max_output_tokens") if k in body]
         for k in keys:
             v = body[k]
             if v is None or (isinstance(v, int) and not isinstance(v, bool) and MAX_NEW < v <= MAX_MODEL_LEN):
                 body[k] = MAX_NEW  # null means the rest of the context; larger than it stays: a quick 400
         if not keys:
-            body["max_tokens"] = MAX_NEW
+            body["max_output_tokens" if path == "/v1/responses" else "max_tokens"] = MAX_NEW
     return body
 
 
@@ -161,7 +162,8 @@ def test_schema_fuzz_never_5xx(schema, method, path):
             fuzz()
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize",
+                                  "/detokenize"])
 def test_raw_bytes_never_5xx(server, path):
     root = server[0]
     with httpx.Client(base_url=root, timeout=120) as client:
