@@ -1,6 +1,7 @@
 """The indexer shipped for the default model (`engine/adapters/smollm2-135m/`): it loads against the
-default model's fingerprint, runs the issue's B 128 / top-16 (trained at top-k 4, shipped at msa-spec's 16), and its provenance records a command
-that reproduces the recorded settings (re-parsed with the `sparsify` CLI)."""
+default model's fingerprint, runs the issue's B 128 / top-16 (trained at top-k 4, shipped at msa-spec's 16),
+and its provenance records a command that reproduces the recorded settings (re-parsed with the `sparsify`
+CLI)."""
 from __future__ import annotations
 
 import json
