@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.meta import AttentionMeta
+from kernels._common.fp8 import dequantize_rows, quantize_rows
 
 
 def cache_rows(slot_pages: torch.Tensor, slot_offsets: torch.Tensor, num_kv_heads: int, page_size: int) -> torch.Tensor:
@@ -30,12 +31,15 @@ def cache_rows(slot_pages: torch.Tensor, slot_offsets: torch.Tensor, num_kv_head
 
 
 def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                   v_cache: torch.Tensor, rows: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
+                   v_cache: torch.Tensor, rows: torch.Tensor, num_heads: int, num_kv_heads: int,
+                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (rotated) and V written at `rows`.
 
     Same math as `engine.gpu.ops.rope_cache_ref` (rotate-half RoPE), with q and k rotated in one
     pass and each cache written by one `index_copy_`. A bfloat16 qkv (the CPU fast linears) is
-    rotated in float32 (its product with the float32 cos/sin promotes); q comes back in the cache dtype."""
+    rotated in float32 (its product with the float32 cos/sin promotes); q comes back in the cache dtype.
+    An FP8 cache (with `k_scale`, `v_scale` `[P, Hkv, B]`): K and V rows quantised (`quantize_rows`), the codes
+    and scales written at `rows`; q comes back in float32."""
     d = k_cache.shape[-1]
     t, nqk = qkv.shape[0], num_heads + num_kv_heads
     qk = qkv[:, : nqk * d].view(t, nqk, d)
@@ -43,6 +47,15 @@ def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ca
     c, s = cos[:, None, :], sin[:, None, :]
     rot = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
     qk = qk * c + rot * s
+    if k_scale is not None and v_scale is not None:
+        k8, ks = quantize_rows(qk[:, num_heads:].reshape(t * num_kv_heads, d))
+        v8, vs = quantize_rows(qkv[:, nqk * d:].reshape(t * num_kv_heads, d))
+        # index_copy_ has no fp8 kernel on the CPU: copy the codes as bytes
+        k_cache.view(torch.uint8).view(-1, d).index_copy_(0, rows, k8.view(torch.uint8))
+        v_cache.view(torch.uint8).view(-1, d).index_copy_(0, rows, v8.view(torch.uint8))
+        k_scale.view(-1).index_copy_(0, rows, ks)
+        v_scale.view(-1).index_copy_(0, rows, vs)
+        return qk[:, :num_heads].float()
     # the cast (when the dtypes differ) or the reshape copies the strided slice: one op each
     k_cache.view(-1, d).index_copy_(0, rows, qk[:, num_heads:].to(k_cache.dtype).reshape(t * num_kv_heads, d))
     v_cache.view(-1, d).index_copy_(0, rows, qkv[:, nqk * d:].to(v_cache.dtype).reshape(t * num_kv_heads, d))
@@ -80,17 +93,23 @@ class CpuDecodePlan:
             bias = torch.zeros(len(meta.kv_lens), 1, 1, s).masked_fill(~inside[:, None, None, :], float("-inf"))
         return CpuDecodePlan(rows, bias, len(meta.kv_lens), num_kv_heads, s, scale)
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None = None,
+            v_scale: torch.Tensor | None = None) -> torch.Tensor:
         """q `[R, Hq, d]`, caches `[num_pages, Hkv, B, d]` -> `[R, Hq, d]` in the cache dtype (softmax over
         each request's keys).
 
         Plain matmul/softmax/matmul: for one query per head this beats the CPU flash-SDPA kernel.
         A bfloat16 cache (CPU reduced-precision modes) runs both matmuls in bf16 (fp32 accumulation,
-        scores rounded to bf16) with the scale, mask and softmax in float32."""
+        scores rounded to bf16) with the scale, mask and softmax in float32. An FP8 cache: the gathered rows
+        are dequantised with their gathered scales (`k_scale`, `v_scale`) to q's dtype, the result in q's dtype."""
         r, hkv, d = self.num_requests, self.num_kv_heads, k_cache.shape[-1]
         g = q.shape[1] // hkv
         k = k_cache.view(-1, d).index_select(0, self.key_rows).view(r * hkv, self.keys, d)
         v = v_cache.view(-1, d).index_select(0, self.key_rows).view(r * hkv, self.keys, d)
+        if k_scale is not None and v_scale is not None:
+            ks = k_scale.view(-1).index_select(0, self.key_rows).view(r * hkv, self.keys)
+            vs = v_scale.view(-1).index_select(0, self.key_rows).view(r * hkv, self.keys)
+            k, v = dequantize_rows(k, ks, q.dtype), dequantize_rows(v, vs, q.dtype)
         scores = torch.bmm(q.to(k.dtype).reshape(r * hkv, g, d), k.transpose(1, 2)).float().mul_(self.scale)
         if self.key_bias is not None:
             scores.view(r, hkv, g, self.keys).add_(self.key_bias)

@@ -2,7 +2,10 @@
 
 Layout per layer: K and V `[num_pages, Hkv, B, d]`; MSA layers also hold an index-key cache
 `[num_pages, B, d_idx]` on the same pages. Logical block j of a request lives in physical
-page `page_table[j]`. One extra page (index `num_pages`, `scratch_page`) is never handed out:
+page `page_table[j]`. An FP8 cache (`CacheConfig.dtype` torch.float8_e4m3fn, `--kv-cache-dtype fp8`) holds K and
+V as e4m3 codes in the same layout plus fp32 scales `k_scale`, `v_scale` `[num_pages, Hkv, B]` per layer (one per
+token and KV head, the rule of `kernels._common.fp8`); its index-key cache stays in `model_dtype`.
+One extra page (index `num_pages`, `scratch_page`) is never handed out:
 padded rows of a CUDA-graph batch write their K/V there.
 """
 from __future__ import annotations
@@ -11,12 +14,30 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels._common.fp8 import FP8, quantize_rows
+
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """`dtype`: of K and V (torch.float8_e4m3fn: e4m3 codes + fp32 scales); `model_dtype`: of the queries and
+    of the index-key cache (None: `dtype`; an FP8 cache needs it)."""
+
     page_size: int = 128
     num_pages: int = 512
     dtype: torch.dtype = torch.float32
+    model_dtype: torch.dtype | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype == FP8
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        if self.model_dtype is None:
+            if self.quantized:
+                raise ValueError("an FP8 KV cache needs CacheConfig.model_dtype (the dtype of q and the index keys)")
+            return self.dtype
+        return self.model_dtype
 
 
 class KVCache:
@@ -26,9 +47,19 @@ class KVCache:
         self.cfg = cfg
         self.k = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(num_layers)]
+        self.quantized = cfg.quantized
+        n_scaled = num_layers if self.quantized else 0
+        self.k_scale = [torch.zeros(shape[:3], dtype=torch.float32, device=device) for _ in range(n_scaled)]
+        self.v_scale = [torch.zeros(shape[:3], dtype=torch.float32, device=device) for _ in range(n_scaled)]
         self.k_idx: dict[int, torch.Tensor] = {
-            i: torch.zeros((cfg.num_pages + 1, cfg.page_size, index_dim), dtype=cfg.dtype, device=device)
+            i: torch.zeros((cfg.num_pages + 1, cfg.page_size, index_dim), dtype=cfg.index_dtype, device=device)
             for i in index_layers}
+
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(k_scale, v_scale) of `layer`: fp32 `[num_pages + 1, Hkv, B]` for an FP8 cache, else (None, None)."""
+        if not self.quantized:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
 
     @property
     def page_size(self) -> int:
@@ -39,15 +70,34 @@ class KVCache:
         return self.cfg.num_pages
 
     def bytes(self) -> int:
-        n = sum(t.numel() * t.element_size() for t in self.k + self.v)
+        n = sum(t.numel() * t.element_size() for t in self.k + self.v + self.k_scale + self.v_scale)
         return n + sum(t.numel() * t.element_size() for t in self.k_idx.values())
 
 
 def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                    index_dim: int = 0, num_index_layers: int = 0) -> int:
-    """Cache bytes one token takes over all layers (K, V and the MSA index keys)."""
+                    index_dim: int = 0, num_index_layers: int = 0, index_dtype: torch.dtype | None = None) -> int:
+    """Cache bytes one token takes over all layers (K, V, their fp32 scales when `dtype` is FP8, and the MSA
+    index keys in `index_dtype`, default `dtype`)."""
     size = torch.empty((), dtype=dtype).element_size()
-    return size * (2 * num_layers * num_kv_heads * head_dim + num_index_layers * index_dim)
+    isize = torch.empty((), dtype=index_dtype or dtype).element_size()
+    scales = 2 * 4 if dtype == FP8 else 0  # one fp32 scale per token and KV head, for K and for V
+    return 2 * num_layers * num_kv_heads * (size * head_dim) + num_layers * num_kv_heads * scales \
+        + isize * num_index_layers * index_dim
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+             v_scale: torch.Tensor | None, pages: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> None:
+    """Write k, v `[T, Hkv, d]` at (`pages`, `offsets`) `[T]`; an FP8 cache gets e4m3 codes and their scales
+    (`quantize_rows`, from k/v as given: pass them in fp32 to quantise unrounded values)."""
+    if k_scale is None or v_scale is None:
+        k_cache[pages, :, offsets] = k.to(k_cache.dtype)
+        v_cache[pages, :, offsets] = v.to(v_cache.dtype)
+        return
+    k8, ks = quantize_rows(k)
+    v8, vs = quantize_rows(v)
+    k_cache[pages, :, offsets], k_scale[pages, :, offsets] = k8, ks
+    v_cache[pages, :, offsets], v_scale[pages, :, offsets] = v8, vs
 
 
 def tokens_for_free_memory(per_token: int, device: torch.device, fraction: float = 0.9,

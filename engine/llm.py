@@ -7,6 +7,9 @@ A request the engine ended with an error raises that error from `generate` / `fi
 requests of a `generate` call are aborted: the offline caller owns them all).
 `msa_telemetry=True` (or an `engine.msa.telemetry.TelemetryConfig`) records what MSA's indexer chose per
 request in `metrics["msa_telemetry"]` (decode then runs eagerly: a quality run, not a speed run).
+`kv_cache_dtype`: "auto" (the model dtype; bf16 K/V for the CPU reduced-precision weight modes), "bf16", or
+"fp8" (e4m3 K/V with a fp32 scale per token and KV head, `engine.kv_fp8`; on a GPU it needs compute capability
+>= 8.9); `kv_dtype_name` says what the cache holds.
 `tensor_parallel_size=N` runs the model over N processes this one launches (`engine.parallel`: KV heads,
 MLP rows and M3's experts split; CUDA graphs off); `close()` stops them.
 Settings come in as arguments: the CLI and the server config read the environment, never this class."""
@@ -24,6 +27,7 @@ from engine.attention import AttentionKind, check_kind, make_attention, uses_ind
 from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
 from engine.errors import EngineError
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
+from engine.kv_fp8 import KV_CACHE_DTYPES, kv_dtype_name, resolve_kv_dtype
 from engine.llm_engine import LLMEngine
 from engine.loader import load, model_family
 from engine.model import CausalLM
@@ -60,8 +64,11 @@ class LLM:
                  page_size: int | None = None, progress: bool = True, msa_overrides: dict | None = None,
                  cuda_graphs: bool = True, gpu_memory_fraction: float = 0.9, weights: str | None = None,
                  dequant_cache: bool = True, tensor_parallel_size: int = 1,
-                 msa_telemetry: bool | TelemetryConfig = False):
+                 msa_telemetry: bool | TelemetryConfig = False, kv_cache_dtype: str = "auto"):
         self.attention_kind = attention = check_kind(attention)
+        if kv_cache_dtype not in KV_CACHE_DTYPES:  # fail before loading anything
+            raise EngineError(f"unknown kv_cache_dtype {kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
+        self.kv_cache_dtype = kv_cache_dtype
         if weights is not None and weights not in WEIGHT_MODES:  # fail before loading anything
             raise EngineError(f"unknown weights mode {weights!r}: use one of {', '.join(WEIGHT_MODES)}")
         self.telemetry = _telemetry(msa_telemetry, attention, tensor_parallel_size)
@@ -152,18 +159,26 @@ class LLM:
                               track_recall=bool(overrides.get("track_recall", False)))
         index_layers, index_dim = (indexer.layers, indexer.config.d_idx) if indexer else ((), 0)
         B = indexer.config.block_size if indexer else page_size or DEFAULT_PAGE_SIZE
+        # the K/V storage dtype: "auto" = the model dtype, except that the CPU reduced-precision weight modes keep
+        # dense K/V in bf16 (half the bytes every decode step reads); "bf16"; "fp8" (e4m3 + fp32 scales)
+        auto = torch.bfloat16 if self.weights != "fp32" and not uses_indexer(attention) else self.dtype
+        try:
+            self.kv_dtype = resolve_kv_dtype(self.kv_cache_dtype, self.device, auto)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        fp8 = self.kv_dtype == torch.float8_e4m3fn
+        self.kv_dtype_name = kv_dtype_name(self.kv_dtype)
         tokens = kv_cache_tokens
         if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
             per_token = bytes_per_token(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim,
-                                        self.dtype, index_dim, len(index_layers))
+                                        self.kv_dtype, index_dim, len(index_layers), self.dtype)
             tokens = tokens_for_free_memory(per_token, self.device, gpu_memory_fraction)
             if tokens < self.max_model_len:
                 raise EngineError(f"free GPU memory holds a KV cache of {tokens} tokens, less than the context "
                                   f"{self.max_model_len}: lower max_model_len or free GPU memory")
         tokens = tokens or max(2 * self.max_model_len, 32768)
-        # CPU reduced-precision weight modes keep dense K/V in bf16: half the bytes every decode step reads
-        self.kv_dtype = torch.bfloat16 if self.weights != "fp32" and not uses_indexer(attention) else self.dtype
-        cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype)
+        cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype,
+                                model_dtype=self.dtype if fp8 else None)  # FP8: q and index keys stay
         self.cache = KVCache(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,

@@ -23,7 +23,7 @@ from engine.config import ModelConfig
 from engine.cpu_decode import cache_rows, rope_and_write
 from engine.gpu.ops import rms_norm as rms_norm_op
 from engine.gpu.ops import rms_norm_ref, rope_cache, silu_mul
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVCache, write_kv
 from engine.rope import RotaryEmbedding, apply_rope
 
 
@@ -87,18 +87,19 @@ class DecoderLayer(nn.Module):
             q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def _q_and_cache(self, h: torch.Tensor, cos, sin, meta: AttentionMeta, kc, vc) -> torch.Tensor:
-        """Project, rotate, write K/V into the cache slots; return q `[T, Hq, d]`."""
+    def _q_and_cache(self, h: torch.Tensor, cos, sin, meta: AttentionMeta, kc, vc, ks=None, vs=None) -> torch.Tensor:
+        """Project, rotate, write K/V into the cache slots (an FP8 cache: codes into kc/vc, scales into ks/vs);
+        return q `[T, Hq, d]`."""
         cfg = self.cfg
         if self.q_norm is None:  # fused RoPE + cache write (one kernel on a GPU, row copies on the CPU)
             qkv = self.linear("qkv", h)
             if meta.cache_rows is not None:
-                return rope_and_write(qkv, cos, sin, kc, vc, meta.cache_rows, cfg.num_heads, cfg.num_kv_heads)
+                return rope_and_write(qkv, cos, sin, kc, vc, meta.cache_rows, cfg.num_heads, cfg.num_kv_heads,
+                                      ks, vs)
             return rope_cache(qkv, cos, sin, kc, vc, meta.slot_pages, meta.slot_offsets, cfg.num_heads,
-                              cfg.num_kv_heads)
+                              cfg.num_kv_heads, k_scale=ks, v_scale=vs)
         q, k, v = self.qkv_proj(h, cos, sin)
-        kc[meta.slot_pages, :, meta.slot_offsets] = k.to(kc.dtype)
-        vc[meta.slot_pages, :, meta.slot_offsets] = v.to(vc.dtype)
+        write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k, v)
         return q
 
     def forward(self, x, delta, cos, sin, meta: AttentionMeta, cache: KVCache, attn, positions):
@@ -110,8 +111,10 @@ class DecoderLayer(nn.Module):
         else:
             h, x = add_rms_norm(delta, self.in_norm, eps, residual=x)
         kc, vc = cache.k[self.idx], cache.v[self.idx]
-        q = self._q_and_cache(h, cos, sin, meta, kc, vc)
-        o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
+        ks, vs = cache.scales(self.idx)
+        q = self._q_and_cache(h, cos, sin, meta, kc, vc, ks, vs)
+        o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions,
+                 k_scale=ks, v_scale=vs)
         o = self.reduce(self.linear("o_proj", o.reshape(o.shape[0], -1)))
         h, x = add_rms_norm(o, self.post_norm, eps, residual=x)
         return x, self.reduce(self.linear("down", silu_mul(self.linear("gate_up", h))))

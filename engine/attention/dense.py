@@ -8,6 +8,9 @@ paths are compared to); decode steps: one batched attention over the step's requ
 memory-efficient kernels) per request and KV group over the gathered pages.
 Queries `[T, Hq, d]` packed per `meta.cu_seqlens_q`; causal with bottom-right alignment
 (query i of a request sits at position kv_len - q_len + i).
+An FP8 cache (`k_scale`, `v_scale` given): prefill gathers the request's codes and scales and dequantises them
+to q's dtype before SDPA (`engine.kv_fp8.read_rows`); decode dequantises the gathered rows on the CPU
+(`CpuDecodePlan.run`) and runs the FP8 kernel of `DenseDecodePlan(kv_dtype=fp8)` on a GPU.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.meta import AttentionMeta, DecodeShapes
+from engine.kv_fp8 import read_rows
 
 
 def gather_kv(cache: torch.Tensor, pages: list[int] | torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -25,6 +29,11 @@ def gather_kv(cache: torch.Tensor, pages: list[int] | torch.Tensor, kv_len: int)
     g = cache.index_select(0, idx)  # [n, H, B, d]
     h, d = g.shape[1], g.shape[3]
     return g.permute(1, 0, 2, 3).reshape(h, -1, d)[:, :kv_len]
+
+
+def gather_scales(scale: torch.Tensor | None, pages: list[int] | torch.Tensor, kv_len: int) -> torch.Tensor | None:
+    """`gather_kv` of a scale tensor `[num_pages, H, B]` -> `[H, kv_len]` (None stays None)."""
+    return None if scale is None else gather_kv(scale[..., None], pages, kv_len)[..., 0]
 
 
 def gather_pages(cache: torch.Tensor, page_table: torch.Tensor, pages: int) -> torch.Tensor:
@@ -85,15 +94,18 @@ class DenseAttention:
             meta.decode_plan = CpuDecodePlan.build(meta, shapes.num_kv_heads, shapes.page_size, self.scale)
 
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 meta: AttentionMeta, **_: object) -> torch.Tensor:
+                 meta: AttentionMeta, *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 **_: object) -> torch.Tensor:
         if meta.decode_plan is not None:
-            return meta.decode_plan.run(q, k_cache, v_cache)
+            if k_scale is None:
+                return meta.decode_plan.run(q, k_cache, v_cache)
+            return meta.decode_plan.run(q, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale)
         out = torch.empty_like(q)
         start = 0
         for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
             pages = meta.page_lists[r]
-            k = gather_kv(k_cache, pages, kl)
-            v = gather_kv(v_cache, pages, kl)
+            k = read_rows(gather_kv(k_cache, pages, kl), gather_scales(k_scale, pages, kl), q.dtype)
+            v = read_rows(gather_kv(v_cache, pages, kl), gather_scales(v_scale, pages, kl), q.dtype)
             qr = q[start:start + ql].transpose(0, 1)  # [Hq, ql, d]
             out[start:start + ql] = self._attend(qr, k, v).transpose(0, 1)
             start += ql
@@ -122,9 +134,10 @@ class GpuDenseAttention(DenseAttention):
 
         plan = self._plans.get(key)
         if plan is None:
+            fp8 = {} if shapes.kv_dtype is None else {"kv_dtype": shapes.kv_dtype}  # the FP8 kernel
             plan = self._plans[key] = DenseDecodePlan(
                 shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size, device=shapes.device,
-                dtype=shapes.dtype, softmax_scale=self.scale, impl=self.impl)
+                dtype=shapes.dtype, softmax_scale=self.scale, impl=self.impl, **fp8)
         plan.plan(meta.seq_lens_host, meta.page_table_host, 1)
         meta.decode_plan = plan
 

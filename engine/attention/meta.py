@@ -15,8 +15,9 @@ class DecodeShapes(NamedTuple):
     num_kv_heads: int
     head_dim: int
     page_size: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the queries (and of a bf16/fp16 cache)
     device: torch.device
+    kv_dtype: torch.dtype | None = None  # of the K/V cache when it differs (torch.float8_e4m3fn), else None
 
 
 @dataclass
@@ -66,7 +67,8 @@ class AttentionMeta:
 
 class Attention(Protocol):
     """What every layer calls: `attn(layer, q, k_cache, v_cache, meta, hidden=, cos=, sin=, cache=,
-    positions=) -> out [T, Hq, d]`. Optional: `plan_decode(meta, shapes, key)` (the decode-plan hook
+    positions=, k_scale=, v_scale=) -> out [T, Hq, d]` (`k_scale`/`v_scale`: the layer's fp32 scales
+    `[P, Hkv, B]` of an FP8 cache, else None). Optional: `plan_decode(meta, shapes, key)` (the decode-plan hook
     above) and `decode_stats(meta)`."""
 
     supports_cuda_graphs: bool

@@ -15,6 +15,11 @@ whatever blocks are picked) and `keys_dense` (`pos + 1`). With `track_recall=Tru
 kind, msa-ref) each MSA layer also adds the dense softmax mass that falls inside its selected blocks
 to `recall[layer] = [mass_sum, n_query_heads]`. When the engine gives `meta.telemetry` (selection
 telemetry, `engine.msa.telemetry`), each MSA layer hands its selected ids to `observe_layer`.
+
+An FP8 cache: the layer's scales (`k_scale`, `v_scale`) go to the kernel ops (the contract of issue 22: their
+references dequantise exactly, their kernels run FP8 dots); the CPU block-sparse attention dequantises the
+blocks it gathers; the readers of whole pages (oracle selection, recall, telemetry) get the pages in use
+dequantised (`engine.kv_fp8.dequant_pages`). The index-key cache stays in the model dtype.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import torch
 
 from engine.attention.dense import DenseAttention
 from engine.attention.meta import AttentionMeta
+from engine.kv_fp8 import dequant_pages
 from engine.msa.config import MSAConfig
 from engine.msa.projections import IndexProjections, IndexRope
 from engine.msa.recall import selected_mass
@@ -37,8 +43,14 @@ from engine.msa.telemetry import observe_layer
 PREFILL_DESIGN = "tile"
 
 
+def scale_kw(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The kernel ops' FP8 keyword arguments: none for a bf16/fp16/fp32 cache (so ops without them still work)."""
+    return {} if k_scale is None or v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+
+
 class MSAAttention:
     supports_cuda_graphs = False  # its per-layer kernel calls plan and sync on their own
+    selects_by_keys = False  # the selection reads the main keys (the oracle): it needs them as values
 
     def __init__(self, msa: MSAConfig, projections: IndexProjections, rope: IndexRope, num_layers: int,
                  scale: float, dense: DenseAttention, impl: Literal["torch", "triton"] = "torch",
@@ -74,32 +86,32 @@ class MSAAttention:
     # -- the layer call -------------------------------------------------------------------
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 cache, positions: torch.Tensor, **_: object) -> torch.Tensor:
+                 cache, positions: torch.Tensor, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None, **_: object) -> torch.Tensor:
         if layer == 0:
             self._fill_stats(meta)
         if layer not in self.msa_layers:
-            return self.dense(layer, q, k_cache, v_cache, meta)
+            return self.dense(layer, q, k_cache, v_cache, meta, k_scale=k_scale, v_scale=v_scale)
         q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
         kic = cache.k_idx[layer]
         kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
-        out, ids = self._select_and_attend(q, q_idx.to(kic.dtype), k_cache, v_cache, kic, meta)
+        scales = scale_kw(k_scale, v_scale)
+        measured = meta.telemetry is not None or self.track_recall or self.selects_by_keys
+        keys = dequant_pages(k_cache, k_scale, meta, q.dtype) if measured else k_cache  # values for the readers
+        ids = self._select(q, q_idx.to(kic.dtype), keys, kic, meta)
+        out = self._attend(q, k_cache, v_cache, ids, meta, **scales)
         if meta.telemetry is not None:  # engine.msa.telemetry: probe rows against the oracle
-            observe_layer(layer, q, k_cache, ids, meta, self.msa.topk, self.scale)
+            observe_layer(layer, q, keys, ids, meta, self.msa.topk, self.scale)
         if self.track_recall:
-            s, n = selected_mass(q, k_cache, meta, ids, self.scale)
+            s, n = selected_mass(q, keys, meta, ids, self.scale)
             acc = self.recall.setdefault(layer, [0.0, 0])
             acc[0] += s
             acc[1] += n
         return out
 
-    def _select_and_attend(self, q, q_idx, k_cache, v_cache, kic, meta: AttentionMeta
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(attention output `[T, Hq, d]`, selected block ids `[T, Hkv, k]`) of one MSA layer."""
-        ids = self._select(q, q_idx, k_cache, kic, meta)
-        return self._attend(q, k_cache, v_cache, ids, meta), ids
-
     def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
-        """The indexer's block ids `[T, Hkv, k]` (decode indexer for decode steps, prefill indexer for chunks)."""
+        """The indexer's block ids `[T, Hkv, k]` (decode indexer for decode steps, prefill indexer for chunks);
+        `k_cache` holds values (dequantised when the cache is FP8 and `selects_by_keys`)."""
         if meta.is_decode:
             from kernels.decode import msa_decode_indexer
 
@@ -110,18 +122,19 @@ class MSAAttention:
         return msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
                            impl=self.impl, check_lengths=False)
 
-    def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta) -> torch.Tensor:
-        """Exact attention over the selected blocks (the kernel design is fixed: PREFILL_DESIGN)."""
+    def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta, **scales: torch.Tensor) -> torch.Tensor:
+        """Exact attention over the selected blocks (the kernel design is fixed: PREFILL_DESIGN); `scales`:
+        `k_scale`, `v_scale` of an FP8 cache, or none."""
         if meta.is_decode:
             from kernels.decode import msa_decode_attention
 
             return msa_decode_attention(q, k_cache, v_cache, ids, meta.page_table, meta.seq_lens_kv, 1,
-                                        softmax_scale=self.scale, impl=self.impl)
+                                        softmax_scale=self.scale, impl=self.impl, **scales)
         from kernels.sparse_prefill import msa_prefill_attention
 
         out, _ = msa_prefill_attention(q, k_cache, v_cache, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv,
                                        ids, scale=self.scale, impl=self.impl, design=PREFILL_DESIGN,
-                                       check_ids=False, check_lengths=False)
+                                       check_ids=False, check_lengths=False, **scales)
         return out
 
 
@@ -137,7 +150,7 @@ class CpuMaskedMSA(MSAAttention):
 
         return prefill_block_ids(q_idx, kic, meta, self.msa.topk)
 
-    def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta) -> torch.Tensor:
+    def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta, **scales: torch.Tensor) -> torch.Tensor:
         from engine.attention.msa_cpu import sparse_attention
 
-        return sparse_attention(q, k_cache, v_cache, meta, ids, self.scale)  # block = page, read off the cache
+        return sparse_attention(q, k_cache, v_cache, meta, ids, self.scale, **scales)  # block = page

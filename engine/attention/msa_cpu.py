@@ -17,6 +17,9 @@ Same keys and the same softmax as the references (`kernels/sparse_prefill/naive.
 `kernels/decode/naive.py`), up to float rounding. A query whose selection is empty gets a zero output,
 as the kernels do. Keys and values past the request's length are zeroed after the gather: they are
 masked out, but a NaN there would reach the output through 0 * NaN.
+
+An FP8 cache (`k_scale`, `v_scale` `[pages, Hkv, B]`): each gathered block of codes is dequantised with its
+scales to q's dtype (`kernels._common.fp8.dequantize_rows`, the references' rule) before the matmuls.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.meta import AttentionMeta
+from engine.kv_fp8 import read_rows
 
 PIECE = 128  # items (queries of one group on one block) per matmul
 _MAX_SCORES = 1 << 23  # fp32 score elements per batch of pieces (32 MiB)
@@ -32,9 +36,10 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-                     ids: torch.Tensor, scale: float) -> torch.Tensor:
-    """q `[T, Hq, d]`, caches `[pages, Hkv, B, d]` (block = page), ids `[T, Hkv, k]` logical block ids
-    (-1 padded) -> `[T, Hq, d]` in q's dtype."""
+                     ids: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q `[T, Hq, d]`, caches `[pages, Hkv, B, d]` (block = page; FP8 with scales `[pages, Hkv, B]`), ids
+    `[T, Hkv, k]` logical block ids (-1 padded) -> `[T, Hq, d]` in q's dtype."""
     block = k_cache.shape[2]
     out = torch.empty_like(q)
     single, start = [], 0
@@ -45,21 +50,23 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             pages = torch.as_tensor(meta.page_lists[r][:-(-kl // block)], dtype=torch.long, device=q.device)
             pos = torch.arange(kl - ql, kl, device=q.device)
             out[start:start + ql] = _request(q[start:start + ql], k_cache, v_cache, pages, ids[start:start + ql],
-                                             pos, kl, scale)
+                                             pos, kl, scale, k_scale, v_scale)
         start += ql
     if single:
         rows = torch.as_tensor(meta.cu_seqlens_q[single].long(), device=q.device)
         out[rows] = _decode(q[rows], k_cache, v_cache, meta.page_table[single].long(), ids[rows],
-                            [meta.kv_lens[r] for r in single], scale)
+                            [meta.kv_lens[r] for r in single], scale, k_scale, v_scale)
     return out
 
 
 def _request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pages: torch.Tensor, ids: torch.Tensor,
-             pos: torch.Tensor, kv_len: int, scale: float) -> torch.Tensor:
+             pos: torch.Tensor, kv_len: int, scale: float, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One request's queries `[ql, Hq, d]` at positions `pos [ql]`, ids `[ql, Hkv, k]` -> `[ql, Hq, d]`."""
     ql, hq, d = q.shape
     _, hkv, block, _ = k_cache.shape
-    group, n_blocks, dtype, topk = hq // hkv, pages.shape[0], k_cache.dtype, ids.shape[-1]
+    dtype = k_cache.dtype if k_scale is None else q.dtype  # of the matmuls: the cache's, or q's for FP8 codes
+    group, n_blocks, topk = hq // hkv, pages.shape[0], ids.shape[-1]
     dev = q.device
     idx = ids.long()
     own = pos // block
@@ -103,7 +110,9 @@ def _request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page
         for b0 in range(0, chosen_pieces.numel(), per_batch):
             pc = chosen_pieces[b0:b0 + per_batch]
             n_p, pb = pc.numel(), piece_b[pc]
-            keys, vals = k_cache[pages[pb], piece_g[pc]], v_cache[pages[pb], piece_g[pc]]  # [P, B, d]
+            at = (pages[pb], piece_g[pc])
+            keys = read_rows(k_cache[at], None if k_scale is None else k_scale[at], dtype)  # [P, B, d]
+            vals = read_rows(v_cache[at], None if v_scale is None else v_scale[at], dtype)
             if tail < block:  # past kv_len: masked, but zeroed so that no stale NaN gets through 0 * NaN
                 last = (pb == n_blocks - 1).nonzero(as_tuple=True)[0]
                 keys[last, tail:] = 0
@@ -130,7 +139,8 @@ def _request(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-            ids: torch.Tensor, kv_lens: list[int], scale: float) -> torch.Tensor:
+            ids: torch.Tensor, kv_lens: list[int], scale: float, k_scale: torch.Tensor | None = None,
+            v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One query per request: q `[R, Hq, d]`, page_table `[R, max_pages]`, ids `[R, Hkv, k]` -> `[R, Hq, d]`."""
     n, hq, d = q.shape
     _, hkv, block, _ = k_cache.shape
@@ -141,8 +151,9 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_
     safe = torch.where(valid, idx, 0)
     phys = page_table[torch.arange(n, device=q.device)[:, None, None], safe]  # [R, Hkv, k]
     heads = torch.arange(hkv, device=q.device)[None, :, None]
-    keys = k_cache[phys, heads]  # [R, Hkv, k, B, d]
-    vals = v_cache[phys, heads]
+    dtype = k_cache.dtype if k_scale is None else q.dtype
+    keys = read_rows(k_cache[phys, heads], None if k_scale is None else k_scale[phys, heads], dtype)  # [R,Hkv,k,B,d]
+    vals = read_rows(v_cache[phys, heads], None if v_scale is None else v_scale[phys, heads], dtype)
     key_pos = safe[..., None] * block + torch.arange(block, device=q.device)  # [R, Hkv, k, B]
     late = key_pos > pos[:, None, None, None]
     where = late.nonzero(as_tuple=True)

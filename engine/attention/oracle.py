@@ -67,6 +67,7 @@ class _OracleSelection:
 
     msa: object
     scale: float
+    selects_by_keys = True  # an FP8 cache: MSAAttention hands `_select` the pages in use dequantised
 
     def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
         return oracle_ids(q, k_cache, meta, self.msa.topk, self.scale)  # type: ignore[attr-defined]

@@ -9,6 +9,8 @@ layer call then only projects the index q/k, writes the index key into the paged
 and launches the plan's kernels: no host sync, no allocation, so the call is capturable.
 The per-request statistics (`keys_read`, `keys_dense`) are computed in closed form once per
 step from the lengths (not per position in Python), outside the graph.
+An FP8 cache: the plans are built with `kv_dtype=torch.float8_e4m3fn` (their FP8 kernels) and each layer
+call passes the layer's scales (`k_scale`, `v_scale`: fixed tensors of the cache, so capture is unchanged).
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.meta import AttentionMeta, DecodeShapes
-from engine.attention.msa import MSAAttention
+from engine.attention.msa import MSAAttention, scale_kw
+from engine.kv_fp8 import dequant_pages
 from engine.msa.telemetry import observe_layer
 
 
@@ -67,6 +70,8 @@ class GraphMSAAttention(MSAAttention):
         plans = self._plans.get(key)
         if plans is None:
             common = dict(device=shapes.device, dtype=shapes.dtype, softmax_scale=self.scale, impl=self.impl)
+            if shapes.kv_dtype is not None:  # the plans' FP8 kernels
+                common["kv_dtype"] = shapes.kv_dtype
             dims = (shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size)
             plans = self._plans[key] = MSADecodePlans(
                 MSADecodePlan(*dims, topk=self.msa.topk, index_dim=self.msa.d_idx, **common),
@@ -79,17 +84,20 @@ class GraphMSAAttention(MSAAttention):
 
     def __call__(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMeta, *, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 cache, positions: torch.Tensor, **kw: object) -> torch.Tensor:
+                 cache, positions: torch.Tensor, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None, **kw: object) -> torch.Tensor:
         plans = meta.decode_plan
         if not isinstance(plans, MSADecodePlans):  # prefill chunks, mixed steps: MSAAttention's path
             return super().__call__(layer, q, k_cache, v_cache, meta, hidden=hidden, cos=cos, sin=sin,
-                                    cache=cache, positions=positions, **kw)
+                                    cache=cache, positions=positions, k_scale=k_scale, v_scale=v_scale, **kw)
+        scales = scale_kw(k_scale, v_scale)
         if layer not in self.msa_layers:
-            return plans.dense.run(q, k_cache, v_cache)
+            return plans.dense.run(q, k_cache, v_cache, **scales)
         q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
         kic = cache.k_idx[layer]
         kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
-        out = plans.msa.run(q, q_idx.to(kic.dtype), k_cache, v_cache, kic)
+        out = plans.msa.run(q, q_idx.to(kic.dtype), k_cache, v_cache, kic, **scales)
         if meta.telemetry is not None:  # an eager step (the engine turns graphs off for telemetry)
-            observe_layer(layer, q, k_cache, plans.msa.topk_ids, meta, self.msa.topk, self.scale)
+            keys = dequant_pages(k_cache, k_scale, meta, q.dtype)
+            observe_layer(layer, q, keys, plans.msa.topk_ids, meta, self.msa.topk, self.scale)
         return out

@@ -6,7 +6,9 @@ Triton kernel (one launch instead of 3-8 elementwise kernels). `impl="auto"`: Tr
 tensors, the reference on CPU tensors; `"triton"` on CPU needs TRITON_INTERPRET=1.
 
 Shapes: tokens packed `[T, ...]`; caches `[num_pages, Hkv, B, d]`; cos/sin fp32 `[T, d]`
-(rotate-half convention, `engine.rope`).
+(rotate-half convention, `engine.rope`). An FP8 cache (`engine.kv_cache`) comes with fp32 scales
+`[num_pages, Hkv, B]`: `rope_cache` quantises each rotated K row and each V row by `kernels._common.fp8`'s
+rule (from the fp32 rotation, not a bf16-rounded one) and writes its scale in the same launch.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import triton
 import triton.language as tl
 
 from engine.rope import apply_rope
+from kernels._common.device import interpreting
+from kernels._common.fp8 import E4M3_MAX, FP8, quantize_rows
 from kernels._common.validate import resolve_impl as _resolve_impl
 
 
@@ -70,19 +74,38 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
 # -- RoPE on q and k, K/V written into the paged cache ---------------------------------------
 def rope_cache_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
-                   num_heads: int, num_kv_heads: int) -> torch.Tensor:
+                   num_heads: int, num_kv_heads: int, k_scale: torch.Tensor | None = None,
+                   v_scale: torch.Tensor | None = None) -> torch.Tensor:
     d = k_cache.shape[-1]
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q = apply_rope(q.reshape(-1, num_heads, d), cos, sin)
+    v = v.reshape(-1, num_kv_heads, d)
+    if k_scale is not None and v_scale is not None:  # FP8: quantise the fp32 rotation (what the kernel does)
+        k8, ks = quantize_rows(apply_rope(k.float().reshape(-1, num_kv_heads, d), cos, sin))
+        v8, vs = quantize_rows(v)
+        k_cache[slot_pages, :, slot_offsets], k_scale[slot_pages, :, slot_offsets] = k8, ks
+        v_cache[slot_pages, :, slot_offsets], v_scale[slot_pages, :, slot_offsets] = v8, vs
+        return q
     k = apply_rope(k.reshape(-1, num_kv_heads, d), cos, sin)
     k_cache[slot_pages, :, slot_offsets] = k.to(k_cache.dtype)
-    v_cache[slot_pages, :, slot_offsets] = v.reshape(-1, num_kv_heads, d).to(v_cache.dtype)
+    v_cache[slot_pages, :, slot_offsets] = v.to(v_cache.dtype)
     return q
 
 
 @triton.jit
-def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, pages_ptr, offs_ptr,
-                       HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+def _e4m3_grid(x):
+    """fp32 x (|x| <= 448) rounded to nearest even on the e4m3 grid, in fp32: the interpreter's own fp32 -> fp8
+    cast rounds halves away and drops the carry into the exponent (125.9 -> 64), so under it the kernel rounds
+    here and the cast is exact. On a GPU the hardware cast (cvt.rn.satfinite) does this."""
+    e = tl.maximum(((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # subnormals: spacing 2^-9
+    spacing = ((e + 124) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3): 3 mantissa bits
+    return ((x / spacing + 12582912.0) - 12582912.0) * spacing  # 1.5 * 2^23: fp32 add rounds to nearest even
+
+
+@triton.jit
+def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pages_ptr, offs_ptr,
+                       HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                       QUANT: tl.constexpr, FP8_MAX: tl.constexpr, EXACT_ROUND: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     half = tl.arange(0, D // 2)
@@ -98,27 +121,75 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, pages_p
         y2 = x2 * c2 + x1 * s2
         if h < HQ:
             dst = q_ptr + t * HQ * D + h * D
+            tl.store(dst + half, y1.to(dst.dtype.element_ty))
+            tl.store(dst + D // 2 + half, y2.to(dst.dtype.element_ty))
         else:
             page = tl.load(pages_ptr + t)
             off = tl.load(offs_ptr + t)
-            dst = kc_ptr + ((page * HKV + (h - HQ)) * PAGE + off) * D
-        tl.store(dst + half, y1.to(dst.dtype.element_ty))
-        tl.store(dst + D // 2 + half, y2.to(dst.dtype.element_ty))
-    else:  # v head: copy
+            slot = (page * HKV + (h - HQ)) * PAGE + off
+            dst = kc_ptr + slot * D
+            if QUANT:  # kernels._common.fp8: scale = max(amax, 1e-12) / 448, codes = e4m3(clamp(y / scale))
+                amax = tl.maximum(tl.max(tl.abs(y1), axis=0), tl.max(tl.abs(y2), axis=0))
+                scale = tl.maximum(amax, 1e-12) / FP8_MAX
+                y1 = tl.minimum(tl.maximum(y1 / scale, -FP8_MAX), FP8_MAX)
+                y2 = tl.minimum(tl.maximum(y2 / scale, -FP8_MAX), FP8_MAX)
+                if EXACT_ROUND:
+                    y1, y2 = _e4m3_grid(y1), _e4m3_grid(y2)
+                tl.store(ks_ptr + slot, scale)
+            tl.store(dst + half, y1.to(kc_ptr.dtype.element_ty))
+            tl.store(dst + D // 2 + half, y2.to(kc_ptr.dtype.element_ty))
+    else:  # v head: copy (quantise)
         page = tl.load(pages_ptr + t)
         off = tl.load(offs_ptr + t)
         cols = tl.arange(0, D)
-        dst = vc_ptr + ((page * HKV + (h - HQ - HKV)) * PAGE + off) * D
-        tl.store(dst + cols, tl.load(row + cols).to(vc_ptr.dtype.element_ty))
+        slot = (page * HKV + (h - HQ - HKV)) * PAGE + off
+        x = tl.load(row + cols)
+        if QUANT:
+            xf = x.to(tl.float32)
+            scale = tl.maximum(tl.max(tl.abs(xf), axis=0), 1e-12) / FP8_MAX
+            tl.store(vs_ptr + slot, scale)
+            y = tl.minimum(tl.maximum(xf / scale, -FP8_MAX), FP8_MAX)
+            if EXACT_ROUND:
+                y = _e4m3_grid(y)
+            tl.store(vc_ptr + slot * D + cols, y.to(vc_ptr.dtype.element_ty))
+        else:
+            tl.store(vc_ptr + slot * D + cols, x.to(vc_ptr.dtype.element_ty))
+
+
+def check_scales(what: str, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                 v_scale: torch.Tensor | None) -> bool:
+    """Whether the caches are FP8 with their scales (True) or unscaled (False); a mix raises one line."""
+    fp8 = k_cache.dtype == FP8
+    if fp8 != (v_cache.dtype == FP8):
+        raise ValueError(f"{what}: K and V caches must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    if not fp8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"{what}: k_scale/v_scale go with FP8 caches only (these are {k_cache.dtype}): "
+                             "drop the scales")
+        return False
+    want = tuple(k_cache.shape[:3])
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            raise ValueError(f"{what}: an FP8 cache needs {name} (fp32 {list(want)}, engine.kv_cache.KVCache.scales)")
+        if s.dtype != torch.float32 or tuple(s.shape) != want or not s.is_contiguous():
+            raise ValueError(f"{what}: {name} must be contiguous fp32 {list(want)}, got {s.dtype} {list(s.shape)}")
+    return True
 
 
 def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
-               num_heads: int, num_kv_heads: int, impl: str = "auto") -> torch.Tensor:
+               num_heads: int, num_kv_heads: int, impl: str = "auto", k_scale: torch.Tensor | None = None,
+               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (with RoPE) and V go to the cache slots
-    (`slot_pages`, `slot_offsets` int64 `[T]`)."""
+    (`slot_pages`, `slot_offsets` int64 `[T]`); FP8 caches take their per-row scales in `k_scale`, `v_scale`."""
+    quant = check_scales("rope_cache", k_cache, v_cache, k_scale, v_scale)
     if resolve_impl(impl, qkv.device) == "torch":
-        return rope_cache_ref(qkv, cos, sin, k_cache, v_cache, slot_pages, slot_offsets, num_heads, num_kv_heads)
+        return rope_cache_ref(qkv, cos, sin, k_cache, v_cache, slot_pages, slot_offsets, num_heads, num_kv_heads,
+                              k_scale, v_scale)
+    if quant:
+        from kernels._common.fp8 import require_fp8
+
+        require_fp8("rope_cache", qkv.device)
     t, d = qkv.shape[0], k_cache.shape[-1]
     if not qkv.is_contiguous() or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d:
         raise ValueError(f"rope_cache: qkv must be contiguous [T, {(num_heads + 2 * num_kv_heads) * d}]")
@@ -128,9 +199,12 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
         raise ValueError("rope_cache: caches must be contiguous [num_pages, Hkv, B, d]")
     q = torch.empty(t, num_heads, d, dtype=qkv.dtype, device=qkv.device)
     if t:
+        ks = k_scale if k_scale is not None else cos  # unused without QUANT
+        vs = v_scale if v_scale is not None else cos
         _rope_cache_kernel[(t, num_heads + 2 * num_kv_heads)](
-            qkv, cos, sin, q, k_cache, v_cache, slot_pages, slot_offsets, HQ=num_heads, HKV=num_kv_heads,
-            D=d, PAGE=k_cache.shape[2], num_warps=1)
+            qkv, cos, sin, q, k_cache, v_cache, ks, vs, slot_pages, slot_offsets, HQ=num_heads, HKV=num_kv_heads,
+            D=d, PAGE=k_cache.shape[2], QUANT=quant, FP8_MAX=E4M3_MAX,
+            EXACT_ROUND=quant and interpreting(), num_warps=1)
     return q
 
 

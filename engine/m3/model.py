@@ -19,7 +19,7 @@ from torch import nn
 from engine.attention.meta import AttentionMeta
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVCache, write_kv
 from engine.m3.moe import DenseMLP, MoE, experts_impl
 from engine.model import add_rms_norm, rms_norm, whole
 from engine.msa.config import HEAD_DIMS
@@ -85,9 +85,10 @@ class M3DecoderLayer(nn.Module):
         q = partial_rope(rms_norm(q.reshape(-1, cfg.num_heads, d), self.q_norm, eps), cos, sin)
         k = partial_rope(rms_norm(k.reshape(-1, cfg.num_kv_heads, d), self.k_norm, eps), cos, sin)
         kc, vc = cache.k[self.idx], cache.v[self.idx]
-        kc[meta.slot_pages, :, meta.slot_offsets] = k.to(kc.dtype)
-        vc[meta.slot_pages, :, meta.slot_offsets] = v.reshape(-1, cfg.num_kv_heads, d).to(vc.dtype)
-        o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions)
+        ks, vs = cache.scales(self.idx)  # an FP8 cache: codes and per-row scales (engine.kv_cache.write_kv)
+        write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k, v.reshape(-1, cfg.num_kv_heads, d))
+        o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions,
+                 k_scale=ks, v_scale=vs)
         o = self.reduce(F.linear(o.reshape(o.shape[0], -1), self.o_proj))
         h, x = add_rms_norm(o, self.post_norm, eps, residual=x)
         return x, self.reduce(self.mlp(h))

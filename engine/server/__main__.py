@@ -38,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
                     default=os.environ.get("MSA_EVAL_REASONING_PARSER") or d.reasoning_parser,
                     help="<think> blocks -> reasoning_content: auto (when the chat template has them), think, none")
     ap.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "bf16", "fp8"),
+                    default=os.environ.get("MSA_EVAL_KV_CACHE_DTYPE") or d.kv_cache_dtype,
+                    help="K/V cache storage: auto (the model dtype), bf16, fp8 (e4m3 + fp32 scales; compute "
+                         "capability >= 8.9)")
     ap.add_argument("--msa-topk", type=int, default=d.msa_topk,
                     help="MSA arms: blocks of keys each query reads (default: the model's indexer setting)")
     ap.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,
@@ -50,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
                           served_model_names=tuple(a.served_model_names), max_body_bytes=a.max_body_bytes,
                           weights=a.weights, kv_cache_tokens=a.kv_cache_tokens, dequant_cache=not a.no_dequant_cache,
                           reasoning_parser=a.reasoning_parser, tensor_parallel_size=a.tensor_parallel_size,
-                          msa_topk=a.msa_topk, default_max_tokens=a.default_max_tokens)
+                          kv_cache_dtype=a.kv_cache_dtype, msa_topk=a.msa_topk, default_max_tokens=a.default_max_tokens)
     return config, a.log_level
 
 

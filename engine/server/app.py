@@ -191,7 +191,8 @@ def build_app(llm: Any, config: ServerConfig) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     def card(name: str) -> ModelCard:
-        return ModelCard(id=name, created=state.created, max_model_len=state.max_model_len)
+        return ModelCard(id=name, created=state.created, max_model_len=state.max_model_len,
+                         kv_cache_dtype=getattr(state.llm, "kv_dtype_name", None))
 
     @app.get("/v1/models")
     async def models() -> ModelList:

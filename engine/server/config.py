@@ -27,6 +27,7 @@ class ServerConfig:
     kv_cache_tokens: int | None = None  # None: sized by the engine
     dequant_cache: bool = True  # keep a GGUF's dequantized weights for the next load
     tensor_parallel_size: int = 1  # engine processes the model runs over (engine.parallel)
+    kv_cache_dtype: str = "auto"  # K/V storage (engine.kv_fp8): auto, bf16, fp8
     reasoning_parser: ReasoningParser = "auto"  # <think> blocks -> reasoning_content: auto = when the template has them
     msa_topk: int | None = None  # MSA arms: blocks each query reads (engine msa_overrides topk); None: the model's
     default_max_tokens: int = 4096  # tokens generated when a request names no max_tokens (capped by the context)
@@ -43,6 +44,8 @@ class ServerConfig:
             raise ValueError(f"msa_topk must be >= 1, got {self.msa_topk}")
         if isinstance(self.default_max_tokens, bool) or self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if self.kv_cache_dtype not in ("auto", "bf16", "fp8"):  # engine.kv_fp8.KV_CACHE_DTYPES
+            raise ValueError(f"kv_cache_dtype must be one of auto, bf16, fp8, got {self.kv_cache_dtype!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
 
@@ -51,5 +54,5 @@ class ServerConfig:
         return dict(model=self.model, attention=self.attention, device=self.device, dtype=self.dtype,
                     max_model_len=self.max_model_len, max_num_seqs=self.max_batch, weights=self.weights,
                     kv_cache_tokens=self.kv_cache_tokens, dequant_cache=self.dequant_cache,
-                    tensor_parallel_size=self.tensor_parallel_size,
+                    tensor_parallel_size=self.tensor_parallel_size, kv_cache_dtype=self.kv_cache_dtype,
                     msa_overrides={"topk": self.msa_topk} if self.msa_topk is not None else None)

@@ -327,6 +327,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "msa-eval"
     max_model_len: int
+    kv_cache_dtype: str | None = None  # what the engine's K/V cache holds: fp8, bf16, fp16, fp32
 
 
 class ModelList(BaseModel):

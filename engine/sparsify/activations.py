@@ -23,10 +23,10 @@ class _RecordingAttention:
         self.dense, self.layers = dense, layers
         self.kept: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
 
-    def __call__(self, layer, q, k_cache, v_cache, meta, *, hidden, **_):
+    def __call__(self, layer, q, k_cache, v_cache, meta, *, hidden, k_scale=None, v_scale=None, **_):
         if layer in self.layers:
             self.kept[layer].append(hidden.detach().to("cpu", torch.float16))
-        return self.dense(layer, q, k_cache, v_cache, meta)
+        return self.dense(layer, q, k_cache, v_cache, meta, k_scale=k_scale, v_scale=v_scale)  # FP8: its scales
 
 
 @torch.inference_mode()

@@ -67,7 +67,7 @@ class LocalBackend:
         d = {"backend": "local", "model": llm.model_id, "model_path": str(llm.model_path),
              "model_sha256": llm.model_sha256, "tokenizer_sha256": self.tokenizer.fingerprint(),
              "attention": self.attention, "device": str(llm.device), "dtype": str(llm.dtype).replace("torch.", ""),
-             "max_model_len": llm.max_model_len}
+             "max_model_len": llm.max_model_len, "kv_cache_dtype": llm.kv_dtype_name}
         msa = getattr(llm, "msa", None)
         if msa is not None:
             d["msa"] = msa.describe() if hasattr(msa, "describe") else repr(msa)
@@ -109,6 +109,7 @@ class LocalBackend:
             out = eng.finish(rid)  # raises the error the engine ended the request with
             m = out.metrics
             extra = {k: v for k, v in m.items() if k not in ("prefill_s", "decode_s", "ttft_s")}
+            extra["kv_cache_dtype"] = self.llm.kv_dtype_name  # the record tells bf16 and fp8 runs apart
             results[r.id] = GenResult(
                 r.id, out.text, out.finish_reason or "stop", prompt_tokens=n_prompt,
                 completion_tokens=len(out.token_ids), latency_s=time.perf_counter() - t0,

@@ -24,7 +24,7 @@ SEED_MAX = 2**63 - 1  # torch generators take a signed 64-bit seed
 @engine_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming.")
 def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top_k, seed, stop, device, weights,
-             kv_cache_tokens, no_dequant_cache, tensor_parallel_size, as_json):
+             kv_cache_tokens, no_dequant_cache, tensor_parallel_size, kv_cache_dtype, as_json):
     """Generate a completion for PROMPT."""
     from msa_eval.errors import MsaEvalError
 
@@ -42,7 +42,7 @@ def generate(prompt, model, attention, chat, max_tokens, temperature, top_p, top
     except ValueError as e:
         raise MsaEvalError(f"bad sampling option: {e}") from None
     llm = LLM(model, attention=attention, device=device,
-              **engine_kwargs(weights, kv_cache_tokens, no_dequant_cache, tensor_parallel_size))
+              **engine_kwargs(weights, kv_cache_tokens, no_dequant_cache, tensor_parallel_size, kv_cache_dtype))
     text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     ids = llm.tokenizer.encode(text, add_special_tokens=not chat)
     shown = IncrementalText(llm.tokenizer, params.stop)  # never prints past a stop string

@@ -2,7 +2,8 @@
 `engine.attention.kinds` (light to import: no torch); the engine settings the library used to read
 from the environment are read here, at the edge (`envvar=`), and passed down as arguments:
 `MSA_EVAL_WEIGHTS` (--weights), `MSA_EVAL_KV_TOKENS` (--kv-cache-tokens),
-`MSA_EVAL_NO_DEQUANT_CACHE` (--no-dequant-cache). A flag given on the command line wins.
+`MSA_EVAL_NO_DEQUANT_CACHE` (--no-dequant-cache), `MSA_EVAL_KV_CACHE_DTYPE` (--kv-cache-dtype). A flag given on
+the command line wins.
 `--tensor-parallel-size N` runs the model over N processes that the engine launches itself (`engine.parallel`)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import click
 from engine.attention.kinds import ATTENTION_KINDS
 
 WEIGHT_MODES = ("fp32", "bf16", "q4")  # engine.cpu_weights.WEIGHT_MODES (that module loads torch)
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8")  # kernels._common.fp8.KV_DTYPES (that module loads torch)
 
 
 def attention_option(default: str = "dense", extra: tuple[str, ...] = (), help: str | None = None) -> Callable:
@@ -55,9 +57,9 @@ def arms_option(help: str | None = None) -> Callable:
 
 
 def engine_options(f: Callable) -> Callable:
-    """`--weights`, `--kv-cache-tokens`, `--no-dequant-cache`, `--tensor-parallel-size`: the in-process engine's
-    settings (arguments `weights`, `kv_cache_tokens`, `no_dequant_cache`, `tensor_parallel_size`; `engine_kwargs`
-    turns them into `LLM` keywords)."""
+    """`--weights`, `--kv-cache-tokens`, `--no-dequant-cache`, `--tensor-parallel-size`, `--kv-cache-dtype`: the
+    in-process engine's settings (arguments `weights`, `kv_cache_tokens`, `no_dequant_cache`, `tensor_parallel_size`,
+    `kv_cache_dtype`; `engine_kwargs` turns them into `LLM` keywords)."""
     opts = [
         click.option("--weights", type=click.Choice(WEIGHT_MODES), default=None, envvar="MSA_EVAL_WEIGHTS",
                      show_envvar=True, help="CPU weight mode: fp32 (exact), bf16, or q4 (a GGUF's 4-bit codes; "
@@ -70,6 +72,10 @@ def engine_options(f: Callable) -> Callable:
         click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Run the model over N processes launched here: KV heads and experts split across "
                           "them (GPUs: rank r on cuda:r, NCCL; CPU: gloo)."),
+        click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
+                     envvar="MSA_EVAL_KV_CACHE_DTYPE", show_envvar=True,
+                     help="K/V cache storage: auto (the model dtype; bf16 for the CPU bf16/q4 weight modes), bf16, "
+                          "or fp8 (e4m3 with a fp32 scale per token and KV head; GPUs of compute capability >= 8.9)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -77,7 +83,7 @@ def engine_options(f: Callable) -> Callable:
 
 
 def engine_kwargs(weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool,
-                  tensor_parallel_size: int = 1) -> dict[str, Any]:
+                  tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """The `LLM` keywords of the options above that were given (an unset one keeps the engine's default)."""
     kw: dict[str, Any] = {}
     if weights is not None:
@@ -88,4 +94,6 @@ def engine_kwargs(weights: str | None, kv_cache_tokens: int | None, no_dequant_c
         kw["dequant_cache"] = False
     if tensor_parallel_size != 1:
         kw["tensor_parallel_size"] = tensor_parallel_size
+    if kv_cache_dtype != "auto":  # kept out when unset: a default run's config hash stays what it was
+        kw["kv_cache_dtype"] = kv_cache_dtype
     return kw

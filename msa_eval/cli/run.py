@@ -55,13 +55,14 @@ from msa_eval.cli.options import arms_option, engine_kwargs, engine_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def run(suite, backend_kind, model, attention, base_url, reference, lengths, samples, task_names,
         mode, seed, concurrency, limit, out, backend_opts, judge, judge_opts, weights, kv_cache_tokens,
-        no_dequant_cache, tensor_parallel_size, telemetry, dry_run, as_json) -> None:
+        no_dequant_cache, tensor_parallel_size, kv_cache_dtype, telemetry, dry_run, as_json) -> None:
     """Run SUITE (a name under configs/ or a YAML path) and print the side-by-side report."""
     from msa_eval.cli.run_setup import RunArgs, prepare
 
     args = RunArgs(suite, backend_kind, model, attention, base_url, reference, lengths, samples,
                    task_names, mode, seed, concurrency, limit, out, backend_opts,
-                   engine_kwargs(weights, kv_cache_tokens, no_dequant_cache, tensor_parallel_size), telemetry)
+                   engine_kwargs(weights, kv_cache_tokens, no_dequant_cache, tensor_parallel_size, kv_cache_dtype),
+                   telemetry)
     judge_spec = None
     if judge:
         from msa_eval.judge import parse_judge_spec

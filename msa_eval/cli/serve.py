@@ -43,7 +43,8 @@ _D = ServerConfig()  # the defaults, shared with `python -m engine.server`
 def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch: int, max_queue: int,
           max_model_len: int | None, max_body_bytes: int | None, device: str | None, served_names: tuple[str, ...],
           weights: str | None, kv_cache_tokens: int | None, no_dequant_cache: bool, tensor_parallel_size: int,
-          reasoning_parser: str, msa_topk: int | None, default_max_tokens: int, log_level: str) -> None:
+          kv_cache_dtype: str, reasoning_parser: str, msa_topk: int | None, default_max_tokens: int,
+          log_level: str) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics."""
     import uvicorn
 
@@ -56,7 +57,7 @@ def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch:
                               max_queue=max_queue, max_model_len=max_model_len, device=device,
                               served_model_names=served_names, max_body_bytes=max_body_bytes, weights=weights,
                               kv_cache_tokens=kv_cache_tokens or None, dequant_cache=not no_dequant_cache,
-                              tensor_parallel_size=tensor_parallel_size,
+                              tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype,
                               reasoning_parser=reasoning_parser, msa_topk=msa_topk,  # type: ignore[arg-type]
                               default_max_tokens=default_max_tokens)
         app = create_app(config)
@@ -65,7 +66,8 @@ def serve(model: str, attention: AttentionKind, host: str, port: int, max_batch:
     except EngineError as e:
         raise MsaEvalError(str(e)) from e
     state = app.state.serving
-    info(f"serving {state.model_names[0]} ({attention}) on http://{host}:{port}/v1 "
+    kv = getattr(state.llm, "kv_dtype_name", "?")
+    info(f"serving {state.model_names[0]} ({attention}, kv cache {kv}) on http://{host}:{port}/v1 "
          f"(max context {state.max_model_len}, batch {max_batch}, queue {max_queue})")
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 

@@ -59,6 +59,8 @@ class SampleRecord(BaseModel):
     judge: dict[str, Any] | None = None
     # local MSA arms: what the indexer chose (engine/msa/telemetry.py: per layer and KV group); None elsewhere
     msa_telemetry: dict[str, Any] | None = None
+    # local backend: what its K/V cache held (fp8, bf16, fp16, fp32); None elsewhere and in older records
+    kv_cache_dtype: str | None = None
 
 
 BAD_SUFFIX = ".bad"  # records.jsonl.bad: the exact bytes of the lines a repair took out

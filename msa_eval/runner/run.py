@@ -70,7 +70,7 @@ def to_record(key: str, s: Sample, r: GenResult, prompt_format: str | None = Non
         peak_mem_bytes=r.extra.get("peak_mem_bytes"), cost_usd=r.extra.get("cost_usd"), error=r.error,
         prompt_format=prompt_format,
         task_version=s.metadata.get("task_version"),
-        msa_telemetry=r.extra.get("msa_telemetry"),
+        msa_telemetry=r.extra.get("msa_telemetry"), kv_cache_dtype=r.extra.get("kv_cache_dtype"),
     )
 
 
