@@ -18,6 +18,7 @@ IMPLS = ("auto", "triton", "torch")
 MAX_Q_LEN = 16  # decode: one main token plus drafts
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_KEY_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn,)
+KV_CACHE_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn,)  # decode K/V: fp8 with per-token fp32 scales
 
 
 def resolve_impl(impl: str, device: torch.device, op: str) -> str:
@@ -141,12 +142,13 @@ def check_decode_lengths(op: str, seq_lens: torch.Tensor, page_table: torch.Tens
 # -- decode tensors ----------------------------------------------------------------------------------
 
 def check_cache(op: str, name: str, cache: torch.Tensor, num_kv_heads: int | None, page_size: int | None,
-                head_dim: int | None) -> None:
+                head_dim: int | None, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES) -> None:
     """``[P, Hkv, B, d]`` paged K or V cache with a contiguous last dim."""
     if cache.dim() != 4:
         raise ValueError(f"{op}: {name} must be [num_pages, Hkv, B, d], got shape {tuple(cache.shape)}")
-    if cache.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{op}: {name} dtype must be bf16, fp16 or fp32, got {cache.dtype}")
+    if cache.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{op}: {name} dtype must be one of ({names}), got {cache.dtype}")
     if cache.stride(3) != 1:
         raise ValueError(f"{op}: {name} last dim must be contiguous")
     got = (cache.shape[1], cache.shape[2], cache.shape[3])
@@ -172,23 +174,57 @@ def check_query(op: str, name: str, q: torch.Tensor, tokens: int, heads: int | N
         raise ValueError(f"{op}: {name} last dim must be contiguous")
 
 
-def check_attention_tensors(op: str, q, k_cache, v_cache, tokens: int) -> tuple[int, int, int, int]:
-    """q ``[T, Hq, d]`` against the caches ``[P, Hkv, B, d]``; returns (Hq, Hkv, B, d)."""
-    check_cache(op, "k_cache", k_cache, None, None, None)
+def check_attention_tensors(op: str, q, k_cache, v_cache, tokens: int, k_scale=None,
+                            v_scale=None) -> tuple[int, int, int, int]:
+    """q ``[T, Hq, d]`` against the caches ``[P, Hkv, B, d]``; returns (Hq, Hkv, B, d).
+
+    bf16/fp16/fp32 caches share q's dtype and take no scales; float8_e4m3fn caches (both K and V) take
+    q in bf16/fp16/fp32 and need ``k_scale``/``v_scale`` (``check_kv_scales``).
+    """
+    check_cache(op, "k_cache", k_cache, None, None, None, KV_CACHE_DTYPES)
     _, hkv, page, d = k_cache.shape
-    check_cache(op, "v_cache", v_cache, hkv, page, d)
+    check_cache(op, "v_cache", v_cache, hkv, page, d, KV_CACHE_DTYPES)
     check_query(op, "q", q, tokens, None, d)
     hq = q.shape[1]
     if hq % hkv:
         raise ValueError(f"{op}: q heads ({hq}) must be a multiple of the KV heads ({hkv})")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+    fp8 = torch.float8_e4m3fn
+    if (k_cache.dtype == fp8) != (v_cache.dtype == fp8):
+        raise ValueError(f"{op}: k_cache and v_cache must both be float8_e4m3fn or both not, got {k_cache.dtype} "
+                         f"and {v_cache.dtype}")
+    if k_cache.dtype != fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise ValueError(f"{op}: q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, "
                          f"{v_cache.dtype}")
     if v_cache.shape[0] != k_cache.shape[0]:
         raise ValueError(f"{op}: k_cache and v_cache must have the same number of pages")
     if not (q.device == k_cache.device == v_cache.device):
         raise ValueError(f"{op}: q, k_cache and v_cache must be on one device")
+    check_kv_scales(op, k_cache, v_cache, k_scale, v_scale)
     return hq, hkv, page, d
+
+
+def check_kv_scales(op: str, k_cache, v_cache, k_scale, v_scale) -> None:
+    """float8_e4m3fn K/V caches need fp32 ``k_scale``/``v_scale [P, Hkv, B]`` (contiguous rows, the caches'
+    device); other caches take none. Shapes, dtypes and devices only: no host sync."""
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    given = (k_scale is not None, v_scale is not None)
+    if fp8 and given != (True, True):
+        raise ValueError(f"{op}: float8_e4m3fn K/V caches need k_scale and v_scale (fp32 [num_pages, Hkv, B], "
+                         "kernels._common.fp8.quantize_rows); pass both")
+    if not fp8 and any(given):
+        raise ValueError(f"{op}: k_scale/v_scale go with float8_e4m3fn K/V caches only, the caches are "
+                         f"{k_cache.dtype}; drop the scales or pass fp8 caches")
+    if not fp8:
+        return
+    want = tuple(k_cache.shape[:3])
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != want:
+            got = f"{scale.dtype} {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+            raise ValueError(f"{op}: {name} must be fp32 [num_pages, Hkv, B] = {want}, got {got}")
+        if scale.stride(2) != 1:
+            raise ValueError(f"{op}: {name} needs a unit stride on its last dim; pass {name}.contiguous()")
+        if scale.device != k_cache.device:
+            raise ValueError(f"{op}: {name} is on {scale.device}, the caches on {k_cache.device}")
 
 
 def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, topk: int) -> tuple[int, int, int]:

@@ -16,6 +16,8 @@ class AttentionLaunch:
     num_stages: int
     dot_fp32: bool  # interpreter: dot operands upcast to fp32
     precision: str
+    kv_fp8: bool = False  # float8_e4m3fn K/V with per-token fp32 scales
+    fp8_dot: bool = False  # fp8 K/V: e4m3 x e4m3 QK and PV dots (q, p rounded in the kernel); else widened to fp16
 
 
 @dataclass(frozen=True)

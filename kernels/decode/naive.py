@@ -9,8 +9,9 @@ Shapes (R requests, each with ``q_len`` new tokens, T = R * q_len, page size B):
   ``page_table[r, j]``; ``seq_lens`` int32 ``[R]`` includes the q_len new tokens.
 * query i of request r (token ``t = r * q_len + i``) sits at ``pos = seq_lens[r] - q_len + i``;
   its own (local) page is ``pos // B``.
-* ``k_cache``/``v_cache`` ``[num_pages, Hkv, B, d]``; ``k_idx_cache`` ``[num_pages, B, d_idx]``
-  (optionally float8_e4m3fn with a per-token fp32 scale ``[num_pages, B]``).
+* ``k_cache``/``v_cache`` ``[num_pages, Hkv, B, d]`` (float8_e4m3fn with per-token fp32 scales
+  ``k_scale``/``v_scale [num_pages, Hkv, B]``, dequantised exactly by ``kernels._common.fp8.dequantize_rows``);
+  ``k_idx_cache`` ``[num_pages, B, d_idx]`` (optionally float8_e4m3fn with a per-token fp32 scale ``[num_pages, B]``).
 
 Decode indexer: page p < local is scored by the max raw dot product ``max_t q_idx . k_idx[t]``
 (no 1/sqrt(d) scale: same ranking); the best ``k - 1`` pages (score descending, ties to the
@@ -22,6 +23,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from kernels._common.fp8 import FP8, dequantize_rows
 
 
 def _positions(seq_lens: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -72,10 +75,18 @@ def decode_indexer_ref(
     return out
 
 
-def _gather_request_pages(cache: torch.Tensor, page_table: torch.Tensor, r: int, n_pages: int):
+def _values(cache: torch.Tensor, scale: torch.Tensor | None, name: str) -> torch.Tensor:
+    """fp32 values of (already gathered) cache rows: fp8 rows times their scales, others widened."""
+    if (cache.dtype == FP8) != (scale is not None):
+        raise ValueError(f"{name}: a float8_e4m3fn cache needs its fp32 scale [num_pages, Hkv, B], and only it")
+    return dequantize_rows(cache, scale) if scale is not None else cache.float()
+
+
+def _gather_request_pages(cache: torch.Tensor, scale: torch.Tensor | None, page_table: torch.Tensor, r: int,
+                          n_pages: int, name: str):
     """``[Hkv, n_pages * B, d]`` fp32 keys or values of request r's first n_pages logical pages."""
     phys = page_table[r, :n_pages].long()
-    pages = cache[phys].float()  # [n, Hkv, B, d]
+    pages = _values(cache[phys], None if scale is None else scale[phys], name)  # [n, Hkv, B, d]
     n, hkv, b, d = pages.shape
     return pages.permute(1, 0, 2, 3).reshape(hkv, n * b, d)
 
@@ -107,10 +118,13 @@ def sparse_decode_attention_ref(
     seq_lens: torch.Tensor,
     q_len: int,
     softmax_scale: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention over the selected pages only.
 
-    q ``[T, Hq, d]``, topk_ids int32 ``[T, Hkv, k]`` logical page ids (-1 = unused slot).
+    q ``[T, Hq, d]``, topk_ids int32 ``[T, Hkv, k]`` logical page ids (-1 = unused slot); fp8 caches
+    come with ``k_scale``/``v_scale [P, Hkv, B]`` fp32.
     Token ``j`` of a selected page is visible iff ``j <= pos``. Returns fp32 out ``[T, Hq, d]``
     and natural-log LSE ``[T, Hq]`` (-inf and out 0 where nothing is visible).
     """
@@ -126,8 +140,10 @@ def sparse_decode_attention_ref(
     safe = ids.clamp(min=0)
     phys = page_table.long()[req[:, None, None], safe]  # [T, Hkv, k]
     head = torch.arange(hkv, device=q.device)[None, :, None]
-    keys = k_cache[phys, head].float().reshape(tokens, hkv, k * page, d)
-    values = v_cache[phys, head].float().reshape(tokens, hkv, k * page, d)
+    ks = None if k_scale is None else k_scale[phys, head]
+    vs = None if v_scale is None else v_scale[phys, head]
+    keys = _values(k_cache[phys, head], ks, "k_cache").reshape(tokens, hkv, k * page, d)
+    values = _values(v_cache[phys, head], vs, "v_cache").reshape(tokens, hkv, k * page, d)
     tok_pos = safe[..., None] * page + torch.arange(page, device=q.device)  # [T, Hkv, k, B]
     visible = (valid[..., None] & (tok_pos <= pos[:, None, None, None])).reshape(tokens, hkv, -1)
     out, lse = _softmax_attend(q.float().view(tokens, hkv, group, d), keys, values, visible, scale)
@@ -142,10 +158,13 @@ def dense_decode_attention_ref(
     seq_lens: torch.Tensor,
     q_len: int,
     softmax_scale: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention over each request's whole paged history (key j visible iff j <= pos).
 
-    q ``[T, Hq, d]``. Returns fp32 out ``[T, Hq, d]`` and natural-log LSE ``[T, Hq]``.
+    q ``[T, Hq, d]``; fp8 caches come with ``k_scale``/``v_scale [P, Hkv, B]`` fp32. Returns fp32 out
+    ``[T, Hq, d]`` and natural-log LSE ``[T, Hq]``.
     """
     tokens, hq, d = q.shape
     _, hkv, page, _ = k_cache.shape
@@ -157,8 +176,8 @@ def dense_decode_attention_ref(
     for r in range(seq_lens.shape[0]):
         seq_len = int(seq_lens[r])
         n_pages = -(-seq_len // page)
-        keys = _gather_request_pages(k_cache, page_table, r, n_pages)  # [Hkv, S, d]
-        values = _gather_request_pages(v_cache, page_table, r, n_pages)
+        keys = _gather_request_pages(k_cache, k_scale, page_table, r, n_pages, "k_cache")  # [Hkv, S, d]
+        values = _gather_request_pages(v_cache, v_scale, page_table, r, n_pages, "v_cache")
         key_pos = torch.arange(keys.shape[1], device=q.device)
         visible = key_pos[None, :] <= pos[r][:, None]  # [q_len, S]
         qr = q[r * q_len : (r + 1) * q_len].float().view(q_len, hkv, group, d)

@@ -38,22 +38,25 @@ def msa_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, topk_ids: torch.Tensor,
     page_table: torch.Tensor, seq_lens: torch.Tensor, q_len: int, softmax_scale: float | None = None,
     return_lse: bool = False, impl: str = "auto", num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ):
     """Sparse paged decode attention over the selected pages.
 
-    q ``[R*q_len, Hq, d]``; caches ``[P, Hkv, B, d]``; topk_ids int32 ``[R*q_len, Hkv, k]`` logical
-    pages (-1 = unused). Returns out ``[R*q_len, Hq, d]`` in q's dtype (and fp32 natural-log LSE
-    ``[R*q_len, Hq]`` with ``return_lse``).
+    q ``[R*q_len, Hq, d]``; caches ``[P, Hkv, B, d]`` in q's dtype, or float8_e4m3fn with fp32
+    ``k_scale``/``v_scale [P, Hkv, B]`` (``kernels._common.fp8.quantize_rows``); topk_ids int32
+    ``[R*q_len, Hkv, k]`` logical pages (-1 = unused). Returns out ``[R*q_len, Hq, d]`` in q's dtype (and
+    fp32 natural-log LSE ``[R*q_len, Hq]`` with ``return_lse``).
     """
     op = "msa_decode_attention"
     validate.check_decode_metadata(op, seq_lens, page_table, q_len)
-    hq, hkv, page, d = validate.check_attention_tensors(op, q, k_cache, v_cache, seq_lens.shape[0] * q_len)
+    hq, hkv, page, d = validate.check_attention_tensors(op, q, k_cache, v_cache, seq_lens.shape[0] * q_len,
+                                                        k_scale, v_scale)
     topk = validate.check_topk_shape(op, topk_ids, q.shape[0], hkv)
     plan = MSADecodePlan(hq, hkv, d, page, topk=max(2, min(64, topk)), index_dim=16, device=q.device,
                          dtype=q.dtype, softmax_scale=softmax_scale, return_lse=return_lse, impl=impl,
-                         tuning=DecodeTuning(attn_splits=num_splits))
+                         tuning=DecodeTuning(attn_splits=num_splits), kv_dtype=k_cache.dtype)
     plan.plan(seq_lens, page_table, q_len, num_pages=k_cache.shape[0])
-    out = plan.run_attention(q, k_cache, v_cache, topk_ids=topk_ids)
+    out = plan.run_attention(q, k_cache, v_cache, topk_ids=topk_ids, k_scale=k_scale, v_scale=v_scale)
     return (out, plan.lse) if return_lse else out
 
 
@@ -61,13 +64,16 @@ def dense_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
     seq_lens: torch.Tensor, q_len: int, softmax_scale: float | None = None, return_lse: bool = False,
     impl: str = "auto", num_splits: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ):
     """Dense causal paged decode attention over every page of each request (same shapes as above)."""
     op = "dense_decode_attention"
     validate.check_decode_metadata(op, seq_lens, page_table, q_len)
-    hq, hkv, page, d = validate.check_attention_tensors(op, q, k_cache, v_cache, seq_lens.shape[0] * q_len)
+    hq, hkv, page, d = validate.check_attention_tensors(op, q, k_cache, v_cache, seq_lens.shape[0] * q_len,
+                                                        k_scale, v_scale)
     plan = DenseDecodePlan(hq, hkv, d, page, device=q.device, dtype=q.dtype, softmax_scale=softmax_scale,
-                           return_lse=return_lse, impl=impl, tuning=DecodeTuning(attn_splits=num_splits))
+                           return_lse=return_lse, impl=impl, tuning=DecodeTuning(attn_splits=num_splits),
+                           kv_dtype=k_cache.dtype)
     plan.plan(seq_lens, page_table, q_len, num_pages=k_cache.shape[0])
-    out = plan.run(q, k_cache, v_cache)
+    out = plan.run(q, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale)
     return (out, plan.lse) if return_lse else out

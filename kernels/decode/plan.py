@@ -2,6 +2,11 @@
 (dense split-K baseline). Every decode choice is made in this file, once:
 
 * the implementation, at construction (``validate.resolve_impl``: Triton on CUDA, the fp32 reference on CPU);
+* the K/V cache dtype, at construction (``kv_dtype``): float8_e4m3fn K/V (per-token fp32 ``k_scale`` /
+  ``v_scale [P, Hkv, B]`` passed to ``run``) take the same attention kernels with ``KV_FP8``, on a GPU with
+  e4m3 x e4m3 QK and PV dots (``kv_fp8_dot=False``: K/V widened to fp16 in registers; the interpreter's
+  default, where an explicit ``kv_fp8_dot=True`` emulates the fp8 dots' rounding); FP8 needs compute
+  capability >= 8.9 (``kernels._common.fp8.require_fp8``);
 * the index keys, at construction (``index_dtype``): float8_e4m3fn keys score with the e4m3 x e4m3
   tensor-core dot on a GPU (``index_fp8_dot=False`` or the interpreter: widened to fp16);
 * split counts, rows per program, warps and stages, when ``plan()`` sees new sizes (R, max_pages,
@@ -30,6 +35,7 @@ import torch
 
 from kernels._common import validate
 from kernels._common.device import interpreting, sm_count
+from kernels._common.fp8 import FP8, require_fp8
 
 from . import naive
 from .launches import AttentionLaunch, IndexerLaunch
@@ -44,6 +50,11 @@ MAX_INDEXER_SPLITS = 128  # merge width = splits * next_pow2(k - 1) candidates p
 SPARSE_PROGRAMS_PER_SM = 2
 SPARSE_STAGES = 3
 INDEX_SHARED_BYTES = 160 << 10  # pipelined index-key pages stay within this much shared memory
+# fp8 K/V on a GPU: e4m3 x e4m3 QK and PV dots (the tiles go to the tensor cores as loaded) rather than K/V
+# widened to fp16 in registers; chosen by the indexer's measurement of the same trade (fp8 keys widened: 57% of
+# copy bandwidth, fp8 dot: 81%). The fp8 dots also round q and p to e4m3: about 2x the output error of the
+# cache's own rounding on random data (tests/kernels/test_decode_fp8.py). `--preset fp8` times both.
+KV_FP8_DOT = True
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,8 @@ class _DecodePlanBase:
     def __init__(self, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  device: str | torch.device = "cuda", dtype: torch.dtype = torch.bfloat16,
                  softmax_scale: float | None = None, return_lse: bool = False, impl: str = "auto",
-                 tuning: DecodeTuning | None = None):
+                 tuning: DecodeTuning | None = None, kv_dtype: torch.dtype | None = None,
+                 kv_fp8_dot: bool | None = None):
         if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         for name, val in (("head_dim", head_dim), ("page_size", page_size)):
@@ -108,6 +120,20 @@ class _DecodePlanBase:
         self.return_lse = return_lse
         self.impl = validate.resolve_impl(impl, self.device, self.op)
         self.interpret = interpreting()  # dot operands upcast to fp32, no fp8 dot
+        # K/V caches: the queries' dtype, or float8_e4m3fn with per-token scales
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype
+        if self.kv_dtype not in (dtype, FP8):
+            raise ValueError(f"{self.op}: kv_dtype must be the queries' dtype ({dtype}) or torch.float8_e4m3fn, "
+                             f"got {self.kv_dtype}")
+        self.kv_fp8 = self.kv_dtype == FP8
+        if self.kv_fp8:
+            if dtype not in validate.FLOAT_DTYPES:
+                raise ValueError(f"{self.op}: with fp8 K/V the queries stay bf16/fp16/fp32, got dtype={dtype}")
+            require_fp8(self.op, self.device)
+        if kv_fp8_dot and not self.kv_fp8:
+            raise ValueError(f"{self.op}: kv_fp8_dot=True needs kv_dtype=torch.float8_e4m3fn")
+        default_dot = KV_FP8_DOT and not self.interpret  # the interpreter's default: widened, exact
+        self.kv_fp8_dot = self.kv_fp8 and (kv_fp8_dot if kv_fp8_dot is not None else default_dot)
         self.tuning = tuning or DecodeTuning()
         self.sizes: tuple[int, int, int] | None = None
         self.seq_lens: torch.Tensor | None = None
@@ -141,7 +167,8 @@ class _DecodePlanBase:
         t = self.tuning
         return AttentionLaunch(splits=t.attn_splits or splits, rows=rows, row_blocks=row_blocks,
                                num_warps=t.attn_warps or warps, num_stages=t.attn_stages or stages,
-                               dot_fp32=self.interpret, precision=dot_precision(self.dtype, self.interpret))
+                               dot_fp32=self.interpret, precision=dot_precision(self.dtype, self.interpret),
+                               kv_fp8=self.kv_fp8, fp8_dot=self.kv_fp8_dot)
 
     def _alloc_attention(self, tokens: int) -> None:
         hq, d, splits = self.num_q_heads, self.head_dim, self.attention_launch.splits
@@ -150,11 +177,16 @@ class _DecodePlanBase:
         self.ws_o = torch.empty(tokens, hq, splits, d, dtype=torch.float32, device=self.device) if splits > 1 else None
         self.ws_lse = torch.empty(tokens, hq, splits, dtype=torch.float32, device=self.device) if splits > 1 else None
 
-    def _check_attention(self, q, k_cache, v_cache, out):
+    def _check_attention(self, q, k_cache, v_cache, out, k_scale, v_scale):
         num_req, _, q_len = self._need_plan()
         tokens = num_req * q_len
-        validate.check_attention_tensors(self.op, q, k_cache, v_cache, tokens)
-        validate.check_cache(self.op, "k_cache", k_cache, self.num_kv_heads, self.page_size, self.head_dim)
+        validate.check_attention_tensors(self.op, q, k_cache, v_cache, tokens, k_scale, v_scale)
+        validate.check_cache(self.op, "k_cache", k_cache, self.num_kv_heads, self.page_size, self.head_dim,
+                             validate.KV_CACHE_DTYPES)
+        if k_cache.dtype != self.kv_dtype:
+            name = type(self).__name__
+            raise ValueError(f"{self.op}: k_cache/v_cache are {k_cache.dtype} but the plan was built for "
+                             f"{self.kv_dtype} K/V ({name}(kv_dtype=...))")
         validate.check_query(self.op, "q", q, tokens, self.num_q_heads, self.head_dim, dtypes=(self.dtype,))
         if q.device != self.device:
             raise ValueError(f"q is on {q.device} but the plan was built for {self.device}")
@@ -184,15 +216,17 @@ class DenseDecodePlan(_DecodePlanBase):
         self._alloc_attention(num_req * q_len)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
-        """q [R*q_len, Hq, d], caches [P, Hkv, B, d] -> out [R*q_len, Hq, d] (LSE in ``self.lse``)."""
-        out = self._check_attention(q, k_cache, v_cache, out)
+        """q [R*q_len, Hq, d], caches [P, Hkv, B, d] (fp8: with fp32 k_scale/v_scale [P, Hkv, B])
+        -> out [R*q_len, Hq, d] in q's dtype (LSE in ``self.lse``)."""
+        out = self._check_attention(q, k_cache, v_cache, out, k_scale, v_scale)
         if self.impl == "torch":
             ref = naive.dense_decode_attention_ref(q, k_cache, v_cache, self.page_table, self.seq_lens,
-                                                   self.q_len, self.softmax_scale)
+                                                   self.q_len, self.softmax_scale, k_scale, v_scale)
             return self._finish_ref(out, *ref)
         return launch_dense(q, k_cache, v_cache, self.page_table, self.seq_lens, self.q_len, self.softmax_scale,
-                            out, self.lse, self.ws_o, self.ws_lse, self.attention_launch)
+                            out, self.lse, self.ws_o, self.ws_lse, self.attention_launch, k_scale, v_scale)
 
 
 class MSADecodePlan(_DecodePlanBase):
@@ -269,21 +303,26 @@ class MSADecodePlan(_DecodePlanBase):
                               self.topk_ids, self.ws_val, self.ws_id, self.indexer_launch)
 
     def run_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      topk_ids: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Sparse attention over ``topk_ids`` (default: this plan's indexer output)."""
-        out = self._check_attention(q, k_cache, v_cache, out)
+                      topk_ids: torch.Tensor | None = None, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Sparse attention over ``topk_ids`` (default: this plan's indexer output); fp8 caches with their
+        fp32 k_scale/v_scale [P, Hkv, B]."""
+        out = self._check_attention(q, k_cache, v_cache, out, k_scale, v_scale)
         ids = self.topk_ids if topk_ids is None else topk_ids
         validate.check_topk_shape(self.op, ids, q.shape[0], self.num_kv_heads)
         if self.impl == "torch":
             ref = naive.sparse_decode_attention_ref(q, k_cache, v_cache, ids, self.page_table, self.seq_lens,
-                                                    self.q_len, self.softmax_scale)
+                                                    self.q_len, self.softmax_scale, k_scale, v_scale)
             return self._finish_ref(out, *ref)
         return launch_sparse(q, k_cache, v_cache, ids, self.page_table, self.seq_lens, self.q_len,
-                             self.softmax_scale, out, self.lse, self.ws_o, self.ws_lse, self.attention_launch)
+                             self.softmax_scale, out, self.lse, self.ws_o, self.ws_lse, self.attention_launch,
+                             k_scale, v_scale)
 
     def run(self, q: torch.Tensor, q_idx: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             k_idx_cache: torch.Tensor, k_idx_scale: torch.Tensor | None = None,
+            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
-        """One layer's MSA decode: indexer then sparse attention -> out [R*q_len, Hq, d]."""
+        """One layer's MSA decode: indexer then sparse attention -> out [R*q_len, Hq, d] (fp8 K/V: with
+        k_scale/v_scale; the index keys' dtype is the plan's ``index_dtype``, independent of the K/V's)."""
         self.run_indexer(q_idx, k_idx_cache, k_idx_scale)
-        return self.run_attention(q, k_cache, v_cache, out=out)
+        return self.run_attention(q, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale, out=out)
