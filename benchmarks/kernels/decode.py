@@ -14,8 +14,15 @@ selected pages x K and V x d x 2 per (token, KV group); dense = ctx x Hkv x K an
 keys take the plan's fp8 path (e4m3 x e4m3 dot). The ``agreement`` rows give the share of the bf16 run's
 history pages that fp8 keys also pick, on random keys and on keys with planted matches.
 
-On the CPU (``TRITON_INTERPRET=1``) the ``ci`` preset runs the same code on tiny shapes, timing the
-calls on the host.
+The ``fp8`` preset (FP8 K/V, issue 22) times in one call, per batch: the MSA step (indexer + sparse
+attention) with bf16 K/V and bf16 index keys, with fp8 K/V (bf16 index keys), and with fp8 K/V and fp8
+index keys; the sparse attention alone and our dense decode with bf16 K/V, fp8 K/V on the e4m3 x e4m3 dots
+(the plan's default) and fp8 K/V widened to fp16 (``kv_fp8_dot=False``). Ratios are bf16 time / fp8 time
+(goal: MSA step >= 1.7x); bandwidth counts the bytes actually read: fp8 K/V = tokens x (K and V x d x 1 +
+two fp32 scales).
+
+On the CPU (``TRITON_INTERPRET=1``) the ``ci`` and ``fp8ci`` presets run the same code on tiny shapes,
+timing the calls on the host (the plans take the torch references there).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.kernels.prefill import Shape
+from kernels._common.fp8 import FP8, quantize_rows
 from kernels.decode import DenseDecodePlan, MSADecodePlan, quantize_index_keys
 
 GIB = 1 << 30
@@ -48,6 +56,7 @@ class Preset:
     q_len: int = 1
     agreement: bool = False  # add the fp8-vs-bf16 selection agreement rows (first batch)
     timing: bool = True
+    fp8_kv: bool = False  # the FP8 K/V rows (fp8_row) instead of the bf16 timing rows
 
 
 PRESETS = {
@@ -59,6 +68,10 @@ PRESETS = {
                         agreement=True, timing=False),
     "ci": Preset("tiny shapes under TRITON_INTERPRET=1 on the CPU (checks the runner)", "tiny", (2,), 2200,
                  agreement=True),
+    "fp8": Preset("FP8 K/V against bf16: MSA step, sparse and dense decode, M3 at 128K, batch 64", "m3", (64,),
+                  131072, fp8_kv=True),
+    "fp8ci": Preset("the fp8 preset on tiny shapes on the CPU (checks the runner)", "tiny", (2,), 2200,
+                    fp8_kv=True),
 }
 
 
@@ -114,7 +127,7 @@ def copy_bandwidth() -> float:
 class Cell:
     """Paged caches for one (batch, ctx): bf16 and fp8 index keys, ``n_rot`` disjoint page tables."""
 
-    def __init__(self, s: Shape, batch: int, ctx: int, n_rot: int, dev: str, seed: int = 0):
+    def __init__(self, s: Shape, batch: int, ctx: int, n_rot: int, dev: str, seed: int = 0, fp8_kv: bool = False):
         gen = torch.Generator(device=dev).manual_seed(seed)
         pages_per_req = -(-ctx // s.block)
         num_pages = n_rot * batch * pages_per_req + 1
@@ -129,6 +142,14 @@ class Cell:
         self.k8_scale = torch.empty(self.k_idx.shape[:2], dtype=torch.float32, device=dev)
         for i in range(0, num_pages, 4096):
             self.k8[i:i + 4096], self.k8_scale[i:i + 4096] = quantize_index_keys(self.k_idx[i:i + 4096])
+        if fp8_kv:  # e4m3 K/V + fp32 scales [P, Hkv, B] by the shared rule, in chunks like the index keys
+            self.kv8 = []
+            for cache in (self.k_cache, self.v_cache):
+                x8 = torch.empty(cache.shape, dtype=FP8, device=dev)
+                scale = torch.empty(cache.shape[:3], dtype=torch.float32, device=dev)
+                for i in range(0, num_pages, 1024):
+                    x8[i:i + 1024], scale[i:i + 1024] = quantize_rows(cache[i:i + 1024])
+                self.kv8 += [x8, scale]
         perm = torch.randperm(num_pages - 1, generator=gen, device=dev).to(torch.int32)
         n = batch * pages_per_req
         self.tables = [perm[j * n:(j + 1) * n].view(batch, pages_per_req) for j in range(n_rot)]
@@ -200,6 +221,71 @@ def timing_row(s: Shape, batch: int, ctx: int, q_len: int, cuda: bool, copy_bw: 
     return row
 
 
+def fp8_row(s: Shape, batch: int, ctx: int, q_len: int, cuda: bool, copy_bw: float | None) -> dict:
+    """bf16 vs fp8 K/V in one call: MSA step, sparse attention, dense decode (see the module docstring)."""
+    dev = "cuda" if cuda else "cpu"
+    cell = Cell(s, batch, ctx, n_rotations(s, batch, ctx, cuda), dev, fp8_kv=True)
+    tokens = batch * q_len
+    q = torch.randn(tokens, s.hq, s.d, dtype=torch.bfloat16, device=dev)
+    q_idx = torch.randn(tokens, s.hkv, s.d_idx, dtype=torch.bfloat16, device=dev)
+    dims = (s.hq, s.hkv, s.d, s.block)
+    kc, vc = cell.k_cache, cell.v_cache
+    k8, ks, v8, vs = cell.kv8
+    fp8 = dict(k_scale=ks, v_scale=vs)
+
+    def plans(cls, **kw):
+        out = []
+        for table in cell.tables:
+            p = cls(*dims, device=dev, **kw)
+            p.plan(cell.seq_lens, table, q_len)
+            out.append(p)
+        return out
+
+    idx = dict(topk=s.topk, index_dim=s.d_idx)
+    msa = plans(MSADecodePlan, **idx)
+    msa8 = plans(MSADecodePlan, **idx, kv_dtype=FP8)
+    msa8w = plans(MSADecodePlan, **idx, kv_dtype=FP8, kv_fp8_dot=False)
+    msa88 = plans(MSADecodePlan, **idx, kv_dtype=FP8, index_dtype=FP8)
+    times = {
+        "step_bf16": [lambda m=m: m.run(q, q_idx, kc, vc, cell.k_idx) for m in msa],
+        "step_fp8kv": [lambda m=m: m.run(q, q_idx, k8, v8, cell.k_idx, **fp8) for m in msa8],
+        "step_fp8kv_fp8idx": [lambda m=m: m.run(q, q_idx, k8, v8, cell.k8, cell.k8_scale, **fp8) for m in msa88],
+    }
+    t = {name: graph_time(fns, cuda) for name, fns in times.items()}
+    for group in (msa, msa8, msa8w):
+        for m in group:
+            m.run_indexer(q_idx, cell.k_idx)  # the selections the sparse attention reads
+    t["sparse_bf16"] = graph_time([lambda m=m: m.run_attention(q, kc, vc) for m in msa], cuda)
+    t["sparse_fp8"] = graph_time([lambda m=m: m.run_attention(q, k8, v8, **fp8) for m in msa8], cuda)
+    t["sparse_fp8_widened"] = graph_time([lambda m=m: m.run_attention(q, k8, v8, **fp8) for m in msa8w], cuda)
+    for name, kw in (("dense_bf16", {}), ("dense_fp8", dict(kv_dtype=FP8)),
+                     ("dense_fp8_widened", dict(kv_dtype=FP8, kv_fp8_dot=False))):
+        group = plans(DenseDecodePlan, **kw)
+        caches, scales = ((k8, v8), fp8) if kw else ((kc, vc), {})
+        t[name] = graph_time([lambda p=p, c=caches, sc=scales: p.run(q, *c, **sc) for p in group], cuda)
+        del group
+    sparse_b16 = sparse_bytes(s, msa[0].topk_ids, cell.seq_lens, q_len)
+    sparse_b8 = sparse_b16 // 2 + sparse_b16 // (2 * s.d) * 4  # d bytes -> d / 2 bytes and a 4-byte scale
+    dense_tok = batch * ctx * s.hkv * 2  # K and V rows read
+    n_bytes = {"sparse_bf16": sparse_b16, "sparse_fp8": sparse_b8, "sparse_fp8_widened": sparse_b8,
+               "dense_bf16": dense_tok * s.d * 2, "dense_fp8": dense_tok * (s.d + 4),
+               "dense_fp8_widened": dense_tok * (s.d + 4)}
+    row: dict = dict(batch=batch, ctx=ctx, q_len=q_len)
+    for name, sec in t.items():
+        row[f"{name}_us"] = round(sec * 1e6, 1)
+        if name in n_bytes:
+            row[f"{name}_tb_s"] = round(n_bytes[name] / sec / 1e12, 2)
+            row[f"{name}_pct_copy"] = round(100 * n_bytes[name] / sec / copy_bw, 1) if copy_bw else None
+    for name in ("step_fp8kv", "step_fp8kv_fp8idx", "sparse_fp8", "sparse_fp8_widened", "dense_fp8",
+                 "dense_fp8_widened"):
+        base = "step_bf16" if name.startswith("step") else name.split("_fp8")[0] + "_bf16"
+        row[f"ratio_{name}"] = f"{t[base] / t[name]:.2f}x"
+    row.update(goal_step_1_7x=t["step_bf16"] / t["step_fp8kv_fp8idx"] >= 1.7,
+               splits=f"sparse {msa8[0].attention_launch.splits}",
+               copy_tb_s=round(copy_bw / 1e12, 2) if copy_bw else None)
+    return row
+
+
 def agreement_rows(s: Shape, batch: int, ctx: int, cuda: bool, seed: int = 0) -> list[dict]:
     """Share of the bf16 run's k-1 history pages that fp8 keys also select (both fp8 paths), on random
     keys and on structured ones: per request and index head 24 pages get one token aligned with the
@@ -248,7 +334,8 @@ def run(preset: str) -> list[dict]:
     copy_bw = copy_bandwidth() if cuda and p.timing else None
     rows: list[dict] = []
     for batch in p.batches if p.timing else ():
-        rows.append(timing_row(s, batch, p.ctx, p.q_len, cuda, copy_bw))
+        row_fn = fp8_row if p.fp8_kv else timing_row
+        rows.append(row_fn(s, batch, p.ctx, p.q_len, cuda, copy_bw))
         print(rows[-1], flush=True)
         if cuda:
             torch.cuda.empty_cache()

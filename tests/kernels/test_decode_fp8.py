@@ -309,3 +309,13 @@ def test_gpu_fp8_cuda_graph_replays_with_changed_metadata():
         assert torch.equal(msa.topk_ids, eager.topk_ids) and torch.equal(msa.out, want)
         ref, _ = dense_decode_attention_ref(case.q, k8, v8, table.cuda(), seq.cuda(), 1, k_scale=ks, v_scale=vs)
         assert_close("dense out", ref, dense.out, FP8_DOT)
+
+
+def test_benchmark_fp8ci_preset_reports_both_dtypes():
+    """The benchmark's fp8 rows run end to end on the CPU (torch references; timings meaningless here)."""
+    from benchmarks.kernels import decode as bench
+
+    (row,) = bench.run("fp8ci")
+    for name in ("step_bf16", "step_fp8kv_fp8idx", "sparse_fp8", "dense_fp8_widened"):
+        assert row[f"{name}_us"] > 0
+    assert row["ratio_step_fp8kv_fp8idx"].endswith("x") and row["sparse_fp8_tb_s"] is not None
