@@ -14,6 +14,11 @@ query ``i`` sits at position ``pos = kv_len - q_len + i``), index head ``h`` (on
 Output layout is token-major: ids int32 ``[T, H, k]``, LSE fp32 ``[T, H]``. Block ids are logical
 (block ``b`` covers the request's tokens ``[b*B, (b+1)*B)``).
 
+FP8 index keys (``k_idx_scale`` given): the keys are dequantised exactly (``k8 * scale`` in fp32,
+``kernels._common.fp8.dequantize_rows``) before the math above; with ``fp8_dot`` the queries are also
+rounded to e4m3 per (token, head) row by the same rule and dequantised, which is what the kernel's
+e4m3 x e4m3 dot scores.
+
 The references work in query chunks sized so that no ``[T, S]`` tensor is ever built: the largest
 temporary is ``[chunk, H, S]`` with ``chunk * H * S <= _MAX_CHUNK_ELEMENTS``.
 """
@@ -22,6 +27,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from kernels._common.fp8 import dequantize_rows, quantize_rows
 
 _MAX_CHUNK_ELEMENTS = 1 << 24  # fp32 elements of the largest score temporary (64 MiB)
 
@@ -128,42 +135,59 @@ def indexer_varlen_reference(q_idx: torch.Tensor, k_idx: torch.Tensor, cu_seqlen
     return _concat(outs, q_idx, topk, return_lse)
 
 
-def gather_request_keys(k_idx_cache: torch.Tensor, page_table_row: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """Paged index keys ``[pages, B, d_idx]`` of one request -> contiguous ``[kv_len, d_idx]``."""
+def gather_request_keys(k_idx_cache: torch.Tensor, page_table_row: torch.Tensor, kv_len: int,
+                        k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Paged index keys ``[pages, B, d_idx]`` of one request -> contiguous ``[kv_len, d_idx]`` (fp8 keys with
+    their scales ``[pages, B]``: dequantised, fp32)."""
     block_size = k_idx_cache.shape[1]
     n_blocks = -(-kv_len // block_size)
     pages = page_table_row[:n_blocks].long()
-    return k_idx_cache[pages].reshape(n_blocks * block_size, -1)[:kv_len]
+    keys = k_idx_cache[pages]
+    if k_idx_scale is not None:
+        keys = dequantize_rows(keys, k_idx_scale[pages])
+    return keys.reshape(n_blocks * block_size, -1)[:kv_len]
+
+
+def fp8_dot_queries(q_idx: torch.Tensor) -> torch.Tensor:
+    """What the e4m3 x e4m3 dot scores with: each (token, head) row of q_idx rounded to e4m3 by the shared rule,
+    dequantised (fp32)."""
+    return dequantize_rows(*quantize_rows(q_idx))
 
 
 def indexer_paged_reference(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor, topk: int,
-                            return_lse: bool = False):
-    """Inference form: q_idx ``[T, H, d_idx]``, k_idx_cache ``[pages, B, d_idx]``, page_table int32
-    ``[R, max_pages]``, cu_seqlens_q ``[R+1]``, seq_lens_kv ``[R]`` (includes this chunk).
+                            return_lse: bool = False, k_idx_scale: torch.Tensor | None = None,
+                            fp8_dot: bool = False):
+    """Inference form: q_idx ``[T, H, d_idx]``, k_idx_cache ``[pages, B, d_idx]`` (float8_e4m3fn with fp32
+    ``k_idx_scale [pages, B]``), page_table int32 ``[R, max_pages]``, cu_seqlens_q ``[R+1]``, seq_lens_kv
+    ``[R]`` (includes this chunk); ``fp8_dot``: q_idx rounded to e4m3 per row first (``fp8_dot_queries``).
 
     Returns logical block ids int32 ``[T, H, topk]`` (and fp32 selected LSE ``[T, H]``).
     """
     cq, lens = cu_seqlens_q.tolist(), seq_lens_kv.tolist()
     block_size = k_idx_cache.shape[1]
+    q = fp8_dot_queries(q_idx) if fp8_dot else q_idx
     outs = []
     for r in range(len(lens)):
-        keys = gather_request_keys(k_idx_cache, page_table[r], lens[r])
-        outs.append(indexer_request_reference(q_idx[cq[r]:cq[r + 1]], keys, topk, block_size, return_lse))
+        keys = gather_request_keys(k_idx_cache, page_table[r], lens[r], k_idx_scale)
+        outs.append(indexer_request_reference(q[cq[r]:cq[r + 1]], keys, topk, block_size, return_lse))
     return _concat(outs, q_idx, topk, return_lse)
 
 
 def paged_block_scores(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,
-                       cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor) -> torch.Tensor:
+                       cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor, k_idx_scale: torch.Tensor | None = None,
+                       fp8_dot: bool = False) -> torch.Tensor:
     """Block max scores for tests: fp32 ``[T, H, max_blocks]``, -inf where a block is invisible
-    (or beyond the request). The own block is scored on its visible tokens only."""
+    (or beyond the request). The own block is scored on its visible tokens only. FP8 keys and
+    ``fp8_dot`` as in ``indexer_paged_reference``."""
     cq, lens = cu_seqlens_q.tolist(), seq_lens_kv.tolist()
     block_size = k_idx_cache.shape[1]
     max_blocks = max([-(-n // block_size) for n in lens], default=0)
+    q = fp8_dot_queries(q_idx) if fp8_dot else q_idx
     out = torch.full((q_idx.shape[0], q_idx.shape[1], max_blocks), float("-inf"), device=q_idx.device)
     for r in range(len(lens)):
-        keys = gather_request_keys(k_idx_cache, page_table[r], lens[r])
-        bs = request_block_scores(q_idx[cq[r]:cq[r + 1]], keys, block_size)
+        keys = gather_request_keys(k_idx_cache, page_table[r], lens[r], k_idx_scale)
+        bs = request_block_scores(q[cq[r]:cq[r + 1]], keys, block_size)
         out[cq[r]:cq[r + 1], :, :bs.shape[-1]] = bs
     return out
 

@@ -15,6 +15,14 @@ a per-row sum, to time the scoring alone.
 
 The optional selected LSE is a second, small kernel over the chosen blocks (one program per
 token and head); it is the only place that calls ``exp``.
+
+FP8 index keys (``HAS_SCALE``): each key page is e4m3 with one fp32 scale per token; the dot's columns are
+multiplied by the keys' scales before the row max. Without ``FP8_DOT`` the page is widened to q's dtype
+(every e4m3 value is exact in bf16 and fp16); with it, q is rounded to e4m3 per row in the prologue
+(``scale = max(amax |q|, 1e-12) / 448``, the rule of ``kernels._common.fp8``), the dot is e4m3 x e4m3 and
+the row scale multiplies the block scores. Under the interpreter (``UPCAST``) the operands are fp32 and the
+e4m3 rounding of q is computed in fp32 (``_round_e4m3``): the interpreter's fp32 -> fp8 cast is wrong
+where rounding carries into the exponent (31.99 -> 16 instead of 32).
 """
 from __future__ import annotations
 
@@ -22,6 +30,39 @@ import triton
 import triton.language as tl
 
 _BIG = tl.constexpr(1 << 30)  # sentinel id of an empty table slot; real block ids are far smaller
+
+
+@triton.jit
+def _round_e4m3(y):
+    """fp32 ``y`` with ``|y| <= 448`` -> the nearest e4m3 value (ties to even), still fp32: the ulp is
+    ``2^(e - 3)`` for the binade ``e`` (at least -6: subnormals), the rounding the fp32 add of 1.5 * 2^23."""
+    e = tl.maximum(((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    ulp = ((e + 124) << 23).to(tl.float32, bitcast=True)
+    r = ((y / ulp + 12582912.0) - 12582912.0) * ulp
+    return tl.minimum(tl.maximum(r, -448.0), 448.0)
+
+
+@triton.jit
+def _round_e4m3_kernel(X, Y, N: tl.constexpr):
+    """``Y = _round_e4m3(X)`` over ``N`` fp32 values: the emulated rounding alone, for its test."""
+    o = tl.arange(0, N)
+    tl.store(Y + o, _round_e4m3(tl.load(X + o)))
+
+
+@triton.jit
+def _to_e4m3(y, UPCAST: tl.constexpr):
+    """fp32 ``|y| <= 448`` -> e4m3 (under the interpreter: fp32 holding the e4m3 value, ``_round_e4m3``)."""
+    if UPCAST:
+        return _round_e4m3(y)
+    return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quantize_rows(q, UPCAST: tl.constexpr):
+    """Rows of ``q`` ``[M, D]`` -> (e4m3 rows, fp32 row scales ``[M]``) by the rule of ``kernels._common.fp8``."""
+    qf = q.to(tl.float32)
+    q_scale = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-12) / 448.0
+    return _to_e4m3(tl.div_rn(qf, q_scale[:, None]), UPCAST), q_scale
 
 
 @triton.jit
@@ -33,11 +74,12 @@ def _replace_worst(vals, ids, worst, enter, score, b):
 
 
 @triton.jit
-def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, AUX,
-                        stride_qt, stride_qh, stride_kp, stride_kb, stride_pt,
+def _indexer_fwd_kernel(Q, KC, KS, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, AUX,
+                        stride_qt, stride_qh, stride_kp, stride_kb, stride_sp, stride_pt,
                         stride_it, stride_ih, stride_st, stride_sh, scale,
                         H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr,
-                        TQ: tl.constexpr, BLOCK_M: tl.constexpr, MODE: tl.constexpr, UPCAST: tl.constexpr):
+                        TQ: tl.constexpr, BLOCK_M: tl.constexpr, MODE: tl.constexpr, UPCAST: tl.constexpr,
+                        HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr):
     pid = tl.program_id(0)
     req = tl.load(TILE_REQ + pid)
     if req < 0:
@@ -59,7 +101,11 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
     offs_b = tl.arange(0, B)
     q = tl.load(Q + tok.to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    if UPCAST:
+    row_scale = tl.zeros([BLOCK_M], tl.float32) + scale
+    if FP8_DOT:
+        q, q_scale = _quantize_rows(q, UPCAST)
+        row_scale = row_scale * q_scale
+    elif UPCAST:
         q = q.to(tl.float32)
 
     slot = tl.arange(0, TOPK)
@@ -70,7 +116,8 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
 
     pt_row = PT + req.to(tl.int64) * stride_pt
     for b in range(n_hist):
-        score = _block_score(q, KC, pt_row, b, stride_kp, stride_kb, offs_b, offs_d, scale, UPCAST)
+        score = _block_score(q, KC, KS, pt_row, b, stride_kp, stride_kb, stride_sp, offs_b, offs_d, row_scale,
+                             UPCAST, HAS_SCALE, FP8_DOT)
         score = tl.where(b < local, score, float("-inf"))
         if MODE == 0:
             worst = tl.min(vals, axis=1)
@@ -101,19 +148,27 @@ def _indexer_fwd_kernel(Q, KC, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCORES, 
 
 
 @triton.jit
-def _block_score(q, KC, pt_row, b, stride_kp, stride_kb, offs_b, offs_d, scale, UPCAST: tl.constexpr):
-    """Row max of ``q . k^T`` over logical block ``b``'s ``B`` keys, scaled: fp32 ``[BLOCK_M]``."""
+def _block_score(q, KC, KS, pt_row, b, stride_kp, stride_kb, stride_sp, offs_b, offs_d, row_scale,
+                 UPCAST: tl.constexpr, HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr):
+    """Row max of ``q . k^T`` over logical block ``b``'s ``B`` keys (fp8 keys: times their scales), times the
+    rows' ``row_scale``: fp32 ``[BLOCK_M]``."""
     page = tl.load(pt_row + b).to(tl.int64)
     k = tl.load(KC + page * stride_kp + offs_b[:, None] * stride_kb + offs_d[None, :])
     if UPCAST:
         k = k.to(tl.float32)
-    return tl.max(tl.dot(q, tl.trans(k)), axis=1) * scale
+    elif HAS_SCALE and not FP8_DOT:
+        k = k.to(q.dtype)  # e4m3 -> bf16 / fp16: exact
+    s = tl.dot(q, tl.trans(k))
+    if HAS_SCALE:
+        s = s * tl.load(KS + page * stride_sp + offs_b)[None, :]
+    return tl.max(s, axis=1) * row_scale
 
 
 @triton.jit
-def _selected_lse_kernel(Q, KC, PT, CUQ, SEQ, TOK_REQ, IDS, LSE,
-                         stride_qt, stride_qh, stride_kp, stride_kb, stride_pt, stride_it, stride_ih,
-                         scale, H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr):
+def _selected_lse_kernel(Q, KC, KS, PT, CUQ, SEQ, TOK_REQ, IDS, LSE,
+                         stride_qt, stride_qh, stride_kp, stride_kb, stride_sp, stride_pt, stride_it, stride_ih,
+                         scale, H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr,
+                         HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     t = pid // H
     h = pid % H
@@ -124,6 +179,9 @@ def _selected_lse_kernel(Q, KC, PT, CUQ, SEQ, TOK_REQ, IDS, LSE,
     offs_d = tl.arange(0, D)
     offs_b = tl.arange(0, B)
     q = tl.load(Q + t.to(tl.int64) * stride_qt + h * stride_qh + offs_d).to(tl.float32)
+    if FP8_DOT:  # the e4m3 row the block scores used, dequantised
+        q_scale = tl.maximum(tl.max(tl.abs(q), axis=0), 1e-12) / 448.0
+        q = _to_e4m3(tl.div_rn(q, q_scale), UPCAST).to(tl.float32) * q_scale
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.full((), 0.0, tl.float32)
     for s in range(TOPK):
@@ -132,6 +190,8 @@ def _selected_lse_kernel(Q, KC, PT, CUQ, SEQ, TOK_REQ, IDS, LSE,
             page = tl.load(PT + req.to(tl.int64) * stride_pt + blk).to(tl.int64)
             k = tl.load(KC + page * stride_kp + offs_b[:, None] * stride_kb + offs_d[None, :]).to(tl.float32)
             sc = tl.sum(k * q[None, :], axis=1) * scale
+            if HAS_SCALE:
+                sc = sc * tl.load(KS + page * stride_sp + offs_b)
             sc = tl.where(blk * B + offs_b <= pos, sc, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, axis=0))
             l = l * tl.exp(m - m_new) + tl.sum(tl.exp(sc - m_new), axis=0)
