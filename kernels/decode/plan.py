@@ -3,10 +3,10 @@
 
 * the implementation, at construction (``validate.resolve_impl``: Triton on CUDA, the fp32 reference on CPU);
 * the K/V cache dtype, at construction (``kv_dtype``): float8_e4m3fn K/V (per-token fp32 ``k_scale`` /
-  ``v_scale [P, Hkv, B]`` passed to ``run``) take the same attention kernels with ``KV_FP8``, on a GPU with
-  e4m3 x e4m3 QK and PV dots (``kv_fp8_dot=False``: K/V widened to fp16 in registers; the interpreter's
-  default, where an explicit ``kv_fp8_dot=True`` emulates the fp8 dots' rounding); FP8 needs compute
-  capability >= 8.9 (``kernels._common.fp8.require_fp8``);
+  ``v_scale [P, Hkv, B]`` passed to ``run``) take the same attention kernels with ``KV_FP8``: K/V widened to
+  fp16 in registers (``KV_FP8_DOT``), or with ``kv_fp8_dot=True`` e4m3 x e4m3 QK and PV dots (under the
+  interpreter that emulates the fp8 dots' rounding); FP8 needs compute capability >= 8.9
+  (``kernels._common.fp8.require_fp8``);
 * the index keys, at construction (``index_dtype``): float8_e4m3fn keys score with the e4m3 x e4m3
   tensor-core dot on a GPU (``index_fp8_dot=False`` or the interpreter: widened to fp16);
 * split counts, rows per program, warps and stages, when ``plan()`` sees new sizes (R, max_pages,
@@ -50,11 +50,11 @@ MAX_INDEXER_SPLITS = 128  # merge width = splits * next_pow2(k - 1) candidates p
 SPARSE_PROGRAMS_PER_SM = 2
 SPARSE_STAGES = 3
 INDEX_SHARED_BYTES = 160 << 10  # pipelined index-key pages stay within this much shared memory
-# fp8 K/V on a GPU: e4m3 x e4m3 QK and PV dots (the tiles go to the tensor cores as loaded) rather than K/V
-# widened to fp16 in registers; chosen by the indexer's measurement of the same trade (fp8 keys widened: 57% of
-# copy bandwidth, fp8 dot: 81%). The fp8 dots also round q and p to e4m3: about 2x the output error of the
-# cache's own rounding on random data (tests/kernels/test_decode_fp8.py). `--preset fp8` times both.
-KV_FP8_DOT = True
+# fp8 K/V: K/V widened to fp16 in registers (exact) rather than e4m3 x e4m3 dots (q and p rounded to e4m3 too:
+# about 2x the output error of the cache's own rounding on random data). Triton 3.9 for sm90 lowers a 16-row fp8
+# dot (q_len 1, G = 16) to the same fp16 mma.sync after the same conversion, so the fp8 dot saves nothing there;
+# only >= 64-row tiles (dense with MTP) get the e4m3 wgmma. `--preset fp8` / `fp8mtp` time both.
+KV_FP8_DOT = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class _DecodePlanBase:
             require_fp8(self.op, self.device)
         if kv_fp8_dot and not self.kv_fp8:
             raise ValueError(f"{self.op}: kv_fp8_dot=True needs kv_dtype=torch.float8_e4m3fn")
-        default_dot = KV_FP8_DOT and not self.interpret  # the interpreter's default: widened, exact
+        default_dot = KV_FP8_DOT and not self.interpret  # the interpreter: widened unless asked
         self.kv_fp8_dot = self.kv_fp8 and (kv_fp8_dot if kv_fp8_dot is not None else default_dot)
         self.tuning = tuning or DecodeTuning()
         self.sizes: tuple[int, int, int] | None = None

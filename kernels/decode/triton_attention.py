@@ -23,18 +23,19 @@ product (divided by the page's largest ``v_scale``, multiplied back on the ``[G,
 rounded operand stays in its normal range); the fp32 online softmax and the LSE merge are unchanged.
 Two ways to feed the tensor cores:
 
-* ``FP8_DOT`` (the plan's default on a GPU): q is rounded to e4m3 once per program with a per-row scale
+* widened (the plan's default, ``FP8_DOT=False``): K and V become fp16 in registers (e4m3 -> fp16 is one
+  native conversion on sm89+, -> bf16 is not; exact), q goes to fp16 and the scaled probabilities to fp16,
+  so the result is the dequantising reference up to fp16 rounding of q and p. For this memory-bound kernel
+  the conversion is the price of reading half the bytes; the alternative below does not avoid it at the
+  decode tile sizes: Triton 3.9 for sm90 lowers a 16-row fp8 dot (q_len 1, G = 16: below wgmma's 64 rows)
+  to the same conversion and fp16 ``mma.sync`` (sm89 gets e4m3 ``mma.sync``; >= 64-row dense tiles, e.g.
+  q_len 8 x G 16, get e4m3 wgmma with less shared memory).
+* ``FP8_DOT`` (``kv_fp8_dot=True``): q is rounded to e4m3 once per program with a per-row scale
   ``amax / 448`` (folded into the scores with ``k_scale``), QK and PV are e4m3 x e4m3 dots with fp32
   accumulation, and a page's scaled probabilities are rounded to e4m3 as ``p * v_scale * 256 / max(v_scale)``
-  (values in [0, 256]; e4m3's max is 448). The loaded tiles go to the tensor cores as they are (no
-  widening pass over ``B x d`` elements, no second trip through shared memory): for a memory-bound kernel
-  the bytes saved are only worth it when the conversion does not eat them, and the decode indexer
-  measured exactly that (fp8 keys widened to fp16: 57% of copy bandwidth; e4m3 x e4m3 dot: 81%).
-  Approximate beyond the cache's own rounding: q and p carry e4m3's 3 mantissa bits (Q8KV8, as the fp8
-  prefill): about twice the output error of the cache's rounding alone on random data.
-* widened (``FP8_DOT=False``; the interpreter's default): K and V become fp16 in registers (e4m3 -> fp16
-  is one native conversion on sm89+, -> bf16 is not; exact), q goes to fp16 and the scaled
-  probabilities to fp16, so the result is the dequantising reference up to fp16 rounding of q and p.
+  (values in [0, 256]; e4m3's max is 448). Approximate beyond the cache's own rounding: q and p carry
+  e4m3's 3 mantissa bits (Q8KV8, as the fp8 prefill), about twice the output error of the cache's rounding
+  alone on random data.
 
 Under the interpreter (``DOT_FP32``) every dot operand is fp32; with ``FP8_DOT`` the kernel still rounds
 q and the probabilities to e4m3 first, so the interpreter checks the fp8-dot arithmetic too.
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from .launches import AttentionLaunch
 
 LOG2E = 1.4426950408889634
-P8_RANGE = 256.0  # fp8-dot probabilities of a page are scaled into [0, 256] (e4m3 max 448) before rounding
 
 
 @triton.jit
@@ -95,12 +95,13 @@ def _online_softmax_page(q, row_scale, k, v, ks, vs, visible, m_i, l_i, acc, qk_
         # rounded operand sits in the normal range of e4m3 (fp8 dot) or fp16 (widened)
         v_max = tl.max(vs, axis=0)
         v_max = tl.where(v_max > 0.0, v_max, 1.0)
-        p_range = P8_RANGE if FP8_DOT else 1.0
-        pv = p * (vs * (p_range / v_max))[None, :]
-        if FP8_DOT:
-            pv = pv.to(tl.float8e4nv)
-        pv = pv.to(v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PREC) * (v_max / p_range)
+        if FP8_DOT:  # into [0, 256] (e4m3's max is 448), rounded to e4m3
+            pv = (p * (vs * (256.0 / v_max))[None, :]).to(tl.float8e4nv).to(v.dtype)
+            back = v_max / 256.0
+        else:
+            pv = (p * (vs / v_max)[None, :]).to(v.dtype)
+            back = v_max
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PREC) * back
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return m_new, l_i, acc

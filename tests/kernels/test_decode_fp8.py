@@ -3,7 +3,7 @@ against the references that dequantise exactly, the degenerate check, the distan
 and the refusals of mixed or malformed inputs.
 
 Bounds measured on these cases (relative RMS error of the bf16 output):
-* widened K/V (the interpreter's default): 2.6-3.4e-3 against the dequantising reference, i.e. the rounding
+* widened K/V (the plans' default): 2.6-3.4e-3 against the dequantising reference, i.e. the rounding
   of the output to bf16; the LSE agrees to ~5e-8.
 * e4m3 x e4m3 dots (``kv_fp8_dot=True``; q and p rounded to e4m3 in the kernel): 2.6-7.4e-2 against the
   reference (q's rounding alone: 1-2e-2), LSE 4-5e-3.
@@ -228,7 +228,7 @@ def test_replan_keeps_the_fp8_launch_and_buffers():
     plan = DenseDecodePlan(4, 2, 64, PAGE, device="cpu", kv_dtype=FP8, impl="triton")
     plan.plan(case.seq_lens, case.page_table, 2)
     launch, out = plan.attention_launch, plan.out
-    assert launch.kv_fp8 and not launch.fp8_dot  # the interpreter widens unless asked for the fp8 dots
+    assert launch.kv_fp8 and not launch.fp8_dot  # widened unless asked for the fp8 dots
     plan.plan(torch.tensor([7, 100], dtype=torch.int32), case.page_table, 2)
     assert plan.attention_launch is launch and plan.out is out
 
@@ -255,7 +255,8 @@ def test_gpu_fp8_msa_step_and_dense_match_reference(q_len, dot):
     common = dict(device="cuda", return_lse=True, kv_dtype=FP8, kv_fp8_dot=dot)
     msa = MSADecodePlan(HQ, HKV, D, GPU_PAGE, topk=TOPK, index_dim=D_IDX, **common)
     dense = DenseDecodePlan(HQ, HKV, D, GPU_PAGE, **common)
-    out_tol, lse_tol = (FP8_DOT, 1.5e-2) if dot else (EXACT, 1e-4)
+    # fp8 dots: a little above the CPU cases' 7.4e-2 (no max-abs bound: q's rounding moves every score)
+    out_tol, lse_tol, lse_atol = (0.12, 1.5e-2, None) if dot else (EXACT, 1e-4, 1e-2)
     for plan in (msa, dense):
         plan.plan(case.seq_lens, case.page_table, q_len)
         plan.out.fill_(float("nan"))
@@ -263,12 +264,12 @@ def test_gpu_fp8_msa_step_and_dense_match_reference(q_len, dot):
     ref, ref_lse = sparse_decode_attention_ref(case.q, k8, v8, msa.topk_ids, case.page_table, case.seq_lens,
                                                q_len, k_scale=ks, v_scale=vs)
     assert_close("sparse out", ref, out, out_tol)
-    assert_close("sparse lse", ref_lse, msa.lse, lse_tol, atol=1e-2)
+    assert_close("sparse lse", ref_lse, msa.lse, lse_tol, atol=lse_atol)
     out = dense.run(case.q, k8, v8, k_scale=ks, v_scale=vs)
     ref, ref_lse = dense_decode_attention_ref(case.q, k8, v8, case.page_table, case.seq_lens, q_len,
                                               k_scale=ks, v_scale=vs)
     assert_close("dense out", ref, out, out_tol)
-    assert_close("dense lse", ref_lse, dense.lse, lse_tol, atol=1e-2)
+    assert_close("dense lse", ref_lse, dense.lse, lse_tol, atol=lse_atol)
 
 
 @gpu
@@ -308,7 +309,7 @@ def test_gpu_fp8_cuda_graph_replays_with_changed_metadata():
         want = eager.run(case.q, case.q_idx, k8, v8, case.k_idx_cache, k_scale=ks, v_scale=vs)
         assert torch.equal(msa.topk_ids, eager.topk_ids) and torch.equal(msa.out, want)
         ref, _ = dense_decode_attention_ref(case.q, k8, v8, table.cuda(), seq.cuda(), 1, k_scale=ks, v_scale=vs)
-        assert_close("dense out", ref, dense.out, FP8_DOT)
+        assert_close("dense out", ref, dense.out, EXACT)
 
 
 def test_benchmark_fp8ci_preset_reports_both_dtypes():
@@ -316,6 +317,6 @@ def test_benchmark_fp8ci_preset_reports_both_dtypes():
     from benchmarks.kernels import decode as bench
 
     (row,) = bench.run("fp8ci")
-    for name in ("step_bf16", "step_fp8kv_fp8idx", "sparse_fp8", "dense_fp8_widened"):
+    for name in ("step_bf16", "step_fp8kv_fp8idx", "sparse_fp8", "dense_fp8dot"):
         assert row[f"{name}_us"] > 0
     assert row["ratio_step_fp8kv_fp8idx"].endswith("x") and row["sparse_fp8_tb_s"] is not None
