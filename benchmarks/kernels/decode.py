@@ -17,9 +17,10 @@ history pages that fp8 keys also pick, on random keys and on keys with planted m
 The ``fp8`` preset (FP8 K/V, issue 22) times in one call, per batch: the MSA step (indexer + sparse
 attention) with bf16 K/V and bf16 index keys, with fp8 K/V (bf16 index keys), and with fp8 K/V and fp8
 index keys; the sparse attention alone and our dense decode with bf16 K/V, fp8 K/V widened to fp16 (the
-plan's default) and fp8 K/V on the e4m3 x e4m3 dots (``kv_fp8_dot=True``). Ratios are bf16 time / fp8 time
-(goal: MSA step >= 1.7x); bandwidth counts the bytes actually read: fp8 K/V = tokens x (K and V x d x 1 +
-two fp32 scales).
+plan's default) and fp8 K/V on the e4m3 x e4m3 dots (``kv_fp8_dot=True``), and on a GPU the fp8 attention
+at other pipeline depths (``_stagesN``; the plan's choice is the bf16 one, 3 sparse / 2 dense). Ratios are
+bf16 time / fp8 time (goal: MSA step >= 1.7x); bandwidth counts the bytes actually read: fp8 K/V = tokens x
+(K and V x d x 1 + two fp32 scales).
 
 On the CPU (``TRITON_INTERPRET=1``) the ``ci`` and ``fp8ci`` presets run the same code on tiny shapes,
 timing the calls on the host (the plans take the torch references there).
@@ -35,10 +36,11 @@ import torch
 
 from benchmarks.kernels.prefill import Shape
 from kernels._common.fp8 import FP8, quantize_rows
-from kernels.decode import DenseDecodePlan, MSADecodePlan, quantize_index_keys
+from kernels.decode import DecodeTuning, DenseDecodePlan, MSADecodePlan, quantize_index_keys
 
 GIB = 1 << 30
 L2_BYTES = 60 << 20  # the L2 size the cold-cache rotation assumes (H200)
+FP8_STAGE_SWEEP = (2, 4, 6)  # fp8 preset: attention pipeline depths timed beside the plan's choice (GPU only)
 
 
 SHAPES = {
@@ -266,12 +268,24 @@ def fp8_row(s: Shape, batch: int, ctx: int, q_len: int, cuda: bool, copy_bw: flo
         caches, scales = ((k8, v8), fp8) if kw else ((kc, vc), {})
         t[name] = graph_time([lambda p=p, c=caches, sc=scales: p.run(q, *c, **sc) for p in group], cuda)
         del group
+    # pipeline depth: an fp8 page is half the bytes, so the same stages keep half as many bytes in flight
+    for stages in FP8_STAGE_SWEEP if cuda else ():
+        group = plans(MSADecodePlan, **idx, kv_dtype=FP8, tuning=DecodeTuning(attn_stages=stages))
+        for m in group:
+            m.run_indexer(q_idx, cell.k_idx)
+        t[f"sparse_fp8_stages{stages}"] = graph_time([lambda m=m: m.run_attention(q, k8, v8, **fp8) for m in group],
+                                                     cuda)
+        group = plans(DenseDecodePlan, kv_dtype=FP8, tuning=DecodeTuning(attn_stages=stages))
+        t[f"dense_fp8_stages{stages}"] = graph_time([lambda p=p: p.run(q, k8, v8, **fp8) for p in group], cuda)
     sparse_b16 = sparse_bytes(s, msa[0].topk_ids, cell.seq_lens, q_len)
     sparse_b8 = sparse_b16 // 2 + sparse_b16 // (2 * s.d) * 4  # d bytes -> d / 2 bytes and a 4-byte scale
     dense_tok = batch * ctx * s.hkv * 2  # K and V rows read
     n_bytes = {"sparse_bf16": sparse_b16, "sparse_fp8": sparse_b8, "sparse_fp8dot": sparse_b8,
                "dense_bf16": dense_tok * s.d * 2, "dense_fp8": dense_tok * (s.d + 4),
                "dense_fp8dot": dense_tok * (s.d + 4)}
+    for stages in FP8_STAGE_SWEEP:
+        n_bytes[f"sparse_fp8_stages{stages}"] = sparse_b8
+        n_bytes[f"dense_fp8_stages{stages}"] = dense_tok * (s.d + 4)
     row: dict = dict(batch=batch, ctx=ctx, q_len=q_len)
     for name, sec in t.items():
         row[f"{name}_us"] = round(sec * 1e6, 1)
