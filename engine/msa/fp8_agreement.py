@@ -14,7 +14,9 @@ the own block forced) from bf16-rounded q and k (the baseline: what a bf16 engin
   of `kernels._common.fp8`), what `msa_indexer(..., k_idx_scale=...)` and the decode indexer score;
 * `fp8_dot`: the fp8 x fp8 dot: q also rounded to e4m3 per (token, head) row (`dequantized_index_queries`);
 * `fp8_keys_g32` / `fp8_dot_g32` (not in the default list): one scale per 32-dim sub-block of each key (and
-  query) instead of per token: a finer scale, for the issue's "below that, a finer scale" question.
+  query) instead of per token: a finer scale, for the issue's "below that, a finer scale" question;
+* `fp8_keys_had` / `fp8_dot_had` (not in the default list): q and k rotated by one orthonormal Hadamard matrix
+  before e4m3 (q . k unchanged; outlier dims spread over all dims).
 
 Per variant and top-k, counts summed over layers (and prompts, by `summarize`): `agreement` = sum |sel ∩ sel_bf16|
 / sum |sel_bf16| over every row (own block included, as the selection holds it; early rows with fewer
