@@ -85,6 +85,12 @@ def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: to
         + isize * num_index_layers * index_dim
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """An e4m3 tensor viewed as uint8 (same storage), anything else as is: gathers and scatters move FP8 codes
+    as bytes, so they never depend on an indexing kernel having an fp8 variant (the CPU's `index_copy_` has none)."""
+    return t.view(torch.uint8) if t.dtype == FP8 else t
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
              v_scale: torch.Tensor | None, pages: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor) -> None:
@@ -96,8 +102,8 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor
         return
     k8, ks = quantize_rows(k)
     v8, vs = quantize_rows(v)
-    k_cache[pages, :, offsets], k_scale[pages, :, offsets] = k8, ks
-    v_cache[pages, :, offsets], v_scale[pages, :, offsets] = v8, vs
+    as_bytes(k_cache)[pages, :, offsets], k_scale[pages, :, offsets] = as_bytes(k8), ks
+    as_bytes(v_cache)[pages, :, offsets], v_scale[pages, :, offsets] = as_bytes(v8), vs
 
 
 def tokens_for_free_memory(per_token: int, device: torch.device, fraction: float = 0.9,

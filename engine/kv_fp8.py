@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention.meta import AttentionMeta
+from engine.kv_cache import as_bytes
 from kernels._common.fp8 import FP8, KV_DTYPES, dequantize_rows, require_fp8
 
 KV_CACHE_DTYPES = KV_DTYPES  # ("auto", "bf16", "fp8"): the CLI's and the server's choices
@@ -52,7 +53,7 @@ def dequant_pages(cache: torch.Tensor, scale: torch.Tensor | None, meta: Attenti
     used = sorted({p for pages in meta.page_lists for p in pages})
     if used:
         idx = torch.as_tensor(used, dtype=torch.long, device=cache.device)
-        out[idx] = dequantize_rows(cache[idx], scale[idx], dtype)
+        out[idx] = dequantize_rows(as_bytes(cache)[idx].view(cache.dtype), scale[idx], dtype)
     return out
 
 

@@ -76,6 +76,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("task_version", "string", "the task generator's version where the task has one"),
     Column("judge", "json", "object: the optional LLM judge's verdict (null: not judged)"),
     Column("msa_telemetry", "json", "object: what the MSA indexer chose, per layer and KV group (null: no MSA arm)"),
+    Column("kv_cache_dtype", "string", "the local engine's K/V cache dtype: fp8, bf16, fp16 or fp32 (null: not local)"),
     Column("extra", "json", "object: record fields beyond this schema, name -> value (null: none)"),
 )
 _JSON = tuple(c.name for c in COLUMNS if c.dtype == "json")

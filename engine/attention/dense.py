@@ -20,15 +20,16 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.meta import AttentionMeta, DecodeShapes
+from engine.kv_cache import as_bytes
 from engine.kv_fp8 import read_rows
 
 
 def gather_kv(cache: torch.Tensor, pages: list[int] | torch.Tensor, kv_len: int) -> torch.Tensor:
     """`[num_pages, H, B, d]` -> contiguous `[H, kv_len, d]` of one request."""
     idx = torch.as_tensor(pages, device=cache.device)
-    g = cache.index_select(0, idx)  # [n, H, B, d]
+    g = as_bytes(cache).index_select(0, idx)  # [n, H, B, d] (FP8 codes moved as bytes)
     h, d = g.shape[1], g.shape[3]
-    return g.permute(1, 0, 2, 3).reshape(h, -1, d)[:, :kv_len]
+    return g.permute(1, 0, 2, 3).reshape(h, -1, d)[:, :kv_len].view(cache.dtype)
 
 
 def gather_scales(scale: torch.Tensor | None, pages: list[int] | torch.Tensor, kv_len: int) -> torch.Tensor | None:
@@ -39,9 +40,9 @@ def gather_scales(scale: torch.Tensor | None, pages: list[int] | torch.Tensor, k
 def gather_pages(cache: torch.Tensor, page_table: torch.Tensor, pages: int) -> torch.Tensor:
     """`[num_pages, H, B, d]` and a page table `[R, >= pages]` (-1 past a request's pages) -> `[R, H, pages * B,
     d]`: every request's first `pages` pages in order at once; the -1 slots read page 0 (mask them by length)."""
-    g = cache[page_table[:, :pages].long().clamp(min=0)]  # [R, pages, H, B, d]
+    g = as_bytes(cache)[page_table[:, :pages].long().clamp(min=0)]  # [R, pages, H, B, d]
     r, h, d = g.shape[0], g.shape[2], g.shape[4]
-    return g.permute(0, 2, 1, 3, 4).reshape(r, h, -1, d)
+    return g.permute(0, 2, 1, 3, 4).reshape(r, h, -1, d).view(cache.dtype)
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor | None:

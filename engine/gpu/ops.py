@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from engine.kv_cache import as_bytes
 from engine.rope import apply_rope
 from kernels._common.device import interpreting
 from kernels._common.fp8 import E4M3_MAX, FP8, quantize_rows
@@ -83,8 +84,8 @@ def rope_cache_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ca
     if k_scale is not None and v_scale is not None:  # FP8: quantise the fp32 rotation (what the kernel does)
         k8, ks = quantize_rows(apply_rope(k.float().reshape(-1, num_kv_heads, d), cos, sin))
         v8, vs = quantize_rows(v)
-        k_cache[slot_pages, :, slot_offsets], k_scale[slot_pages, :, slot_offsets] = k8, ks
-        v_cache[slot_pages, :, slot_offsets], v_scale[slot_pages, :, slot_offsets] = v8, vs
+        as_bytes(k_cache)[slot_pages, :, slot_offsets], k_scale[slot_pages, :, slot_offsets] = as_bytes(k8), ks
+        as_bytes(v_cache)[slot_pages, :, slot_offsets], v_scale[slot_pages, :, slot_offsets] = as_bytes(v8), vs
         return q
     k = apply_rope(k.reshape(-1, num_kv_heads, d), cos, sin)
     k_cache[slot_pages, :, slot_offsets] = k.to(k_cache.dtype)
