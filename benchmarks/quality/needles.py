@@ -13,6 +13,9 @@ attention mass), `NAME=ADAPTER_DIR` (`--attention msa` with that adapter, its ow
 B/k; `NAME=ADAPTER_DIR@b64k8` runs it at B 64 / k 8), `NAME=+` (the shipped indexer under that
 name) and `NAME=+L1,L2` (the shipped indexer with layers L1, L2 also dense:
 `engine.sparsify.subset.keep_dense`, byte for byte what `sparsify --dense-layers ...` trains).
+Any setting with the suffix `@fp8` (`dense@fp8`, `msa@fp8`, `NAME=DIR@fp8`) runs on an FP8 (e4m3) KV cache
+(`LLM(kv_cache_dtype="fp8")`) and is paired against the same setting without it (its `baseline`);
+every other setting is paired against `dense`.
 """
 from __future__ import annotations
 
@@ -78,11 +81,22 @@ def to_prompt(messages: list[dict], tok) -> list[dict] | list[int]:
     return tok.encode(continue_chat_text(messages, tok), add_special_tokens=False)
 
 
-def resolve_setting(model: str, spec: str, workdir: Path) -> tuple[str, str, str, dict]:
-    """A setting spec -> (name, model for `LLM`, attention, MSA overrides)."""
+FP8 = "@fp8"
+
+
+def baseline(setting: str) -> str:
+    """What a setting is paired against: its bf16 twin for an `@fp8` setting, else `dense`."""
+    return setting.split("=", 1)[0].removesuffix(FP8) if setting.endswith(FP8) else "dense"
+
+
+def resolve_setting(model: str, spec: str, workdir: Path) -> tuple[str, str, str, dict, str]:
+    """A setting spec -> (name, model for `LLM`, attention, MSA overrides, KV cache dtype)."""
+    if spec.endswith(FP8):
+        name, model, attention, over, _ = resolve_setting(model, spec.removesuffix(FP8), workdir)
+        return name + FP8, model, attention, over, "fp8"
     if "=" not in spec:
         attention, over = BUILTIN[spec]
-        return spec, model, attention, over
+        return spec, model, attention, over, "auto"
     name, path = spec.split("=", 1)
     over = {}
     if path.endswith("@b64k8"):
@@ -95,15 +109,16 @@ def resolve_setting(model: str, spec: str, workdir: Path) -> tuple[str, str, str
         out = workdir / name
         keep_dense(shipped_adapter(), [int(x) for x in path[1:].split(",")], out)
         path = str(out)
-    return name, f"{model}+{path}", "msa", over
+    return name, f"{model}+{path}", "msa", over, "auto"
 
 
-def generate(model: str, attention: str, over: dict, rows: list[dict], max_seqs: int) -> tuple[list, float]:
+def generate(model: str, attention: str, over: dict, rows: list[dict], max_seqs: int,
+             kv_cache_dtype: str = "auto") -> tuple[list, float]:
     from engine import LLM, SamplingParams
 
     llm = LLM(model, attention=attention, msa_overrides=over or None, max_num_seqs=max_seqs,
               max_num_batched_tokens=16384, kv_cache_tokens=max_seqs * (max(r["length"] for r in rows) + 256),
-              progress=False)
+              kv_cache_dtype=kv_cache_dtype, progress=False)
     t0 = time.time()
     outs = llm.generate([to_prompt(r["messages"], llm.tokenizer) for r in rows],
                         [SamplingParams(max_tokens=r["max_tokens"], temperature=0.0) for r in rows])
@@ -131,17 +146,17 @@ def run(cfg: Needles) -> list[dict]:
     out: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         for spec in cfg.settings:
-            name, model, attention, over = resolve_setting(cfg.model, spec, Path(d))
+            name, model, attention, over, kv = resolve_setting(cfg.model, spec, Path(d))
             if cfg.topk is not None and attention != "dense":
                 over = {**over, "topk": cfg.topk}
-            outs, wall = generate(model, attention, over, data, cfg.max_seqs)
+            outs, wall = generate(model, attention, over, data, cfg.max_seqs, kv)
             out.append({"bench": "needle_wall", "setting": name, "samples": len(data), "wall_s": wall})
             print(out[-1], flush=True)
             out += [{"bench": "needle", "setting": name, "id": r["id"], "task": r["task"], "length": r["length"],
                      "depth": r["depth"], "answers": r["answers"], "output": o.text,
                      "prompt_tokens": len(o.prompt_token_ids), "density": o.metrics.get("attention_density"),
                      "score": ruler_recall(o.text, r["answers"])} for r, o in zip(data, outs, strict=True)]
-            if cfg.recall and attention != "dense":
+            if cfg.recall and attention != "dense" and kv == "auto":
                 probe = [r for r in data if r["task"] == "niah_single" and r["length"] == max(cfg.lengths)]
                 probe = probe[: cfg.recall]
                 by_layer = recall_by_layer(model, over, probe)
@@ -155,9 +170,10 @@ def run(cfg: Needles) -> list[dict]:
 # -- scoring ------------------------------------------------------------------------------------
 
 def cells(rows: list[dict]) -> list[dict]:
-    """One row per (task, length, setting): n, accuracy %, mean density, and for MSA settings the
-    gap to dense and the paired counts over the same samples (dense right & setting wrong / the
-    reverse) with the paired difference's 95% normal interval (points)."""
+    """One row per (task, length, setting): n, accuracy %, mean density, and for every setting but dense
+    the gap to its `baseline` and the paired counts over the same samples (`dense_better`: the baseline
+    right & the setting wrong; `setting_better`: the reverse) with the paired difference's 95% normal
+    interval (points)."""
     rows = [r for r in rows if r["bench"] == "needle"]
     score = {(r["setting"], r["id"]): r["score"] for r in rows}
     group: dict[tuple, list[dict]] = defaultdict(list)
@@ -166,14 +182,14 @@ def cells(rows: list[dict]) -> list[dict]:
     settings = sorted(dict.fromkeys(r["setting"] for r in rows), key=lambda s: s != "dense")
     out = []
     for task, length in sorted({(r["task"], r["length"]) for r in rows}):
-        dense = group.get((task, length, "dense"), [])
         for s in settings:
             g = group[(task, length, s)]
             dens = [r["density"] for r in g if r["density"] is not None]
             c = {"bench": "needle_cell", "task": task, "length": length, "setting": s, "n": len(g),
                  "acc": 100 * sum(r["score"] for r in g) / len(g), "density": sum(dens) / len(dens) if dens else None}
-            if s != "dense" and dense:
-                d = [score[(s, r["id"])] - score[("dense", r["id"])] for r in dense if (s, r["id"]) in score]
+            base = group.get((task, length, baseline(s)), [])
+            if s != "dense" and base:
+                d = [score[(s, r["id"])] - score[(baseline(s), r["id"])] for r in base if (s, r["id"]) in score]
                 mean = sum(d) / len(d)
                 sd = math.sqrt(sum(x * x for x in d) / len(d) - mean * mean)
                 c.update(gap=100 * mean, dense_better=sum(x < 0 for x in d), setting_better=sum(x > 0 for x in d),
@@ -201,7 +217,8 @@ def markdown(rows: list[dict]) -> list[str]:
         return format(v, f) if v is not None else "-"
 
     out = ["| task | length | n | " + " | ".join(f"{s} acc" for s in settings) + " | "
-           + " | ".join(f"{s} - dense" for s in sparse) + " | " + " | ".join(f"{s} density" for s in sparse) + " |",
+           + " | ".join(f"{s} - {baseline(s)}" for s in sparse) + " | "
+           + " | ".join(f"{s} density" for s in sparse) + " |",
            "|" + " --- |" * (3 + len(settings) + 2 * len(sparse))]
     for t, n in keys:
         c = {s: by[(t, n, s)] for s in settings if (t, n, s) in by}
@@ -209,12 +226,14 @@ def markdown(rows: list[dict]) -> list[str]:
                    + " | " + " | ".join(fmt(c[s].get("gap"), "+.1f") for s in sparse) + " | "
                    + " | ".join(fmt(c[s]["density"], ".3f") for s in sparse) + " |")
     if "dense" in settings and sparse:
-        out += ["", "| task | length | " + " | ".join(f"{s}: dense better / {s} better (paired 95%)" for s in sparse)
+        out += ["", "| task | length | " + " | ".join(f"{s}: {baseline(s)} better / {s} better (paired 95%)"
+                                                   for s in sparse)
                 + " |", "|" + " --- |" * (2 + len(sparse))]
         for t, n in keys:
             out.append(f"| {t} | {n} | " + " | ".join(
                 f"{by[(t, n, s)]['dense_better']} / {by[(t, n, s)]['setting_better']} "
-                f"({by[(t, n, s)]['gap']:+.0f} +- {by[(t, n, s)]['ci95']:.1f})" for s in sparse) + " |")
+                f"({by[(t, n, s)]['gap']:+.0f} +- {by[(t, n, s)]['ci95']:.1f})" if "gap" in by.get((t, n, s), {})
+                else "-" for s in sparse) + " |")
     rec = [r for r in rows if r["bench"] == "recall"]
     if rec:
         names = list(dict.fromkeys(r["setting"] for r in rec))

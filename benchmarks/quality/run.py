@@ -42,6 +42,9 @@ PRESETS: dict[str, Preset] = {
                             "picks the best",
                             Needles(("dense", "msa-oracle", "msa"), n=40, seed=7, lengths=(2048, 4096, 8192), recall=0,
                                     topk=4), pick=True),
+    "fp8": Preset("FP8 KV cache (issue 22): test split (seed 42), 100 per cell at 4K and 8K, dense and the shipped "
+                  "indexer at top-k 4, each on a bf16 and an fp8 (e4m3) cache, paired fp8 vs bf16 (GPU)",
+                  Needles(("dense", "dense@fp8", "msa", "msa@fp8"), recall=0, topk=4)),
     "dense-runner": Preset("dense single needle through the runner on this machine (CPU: hours)",
                            runs=(dense("niah_single", "2k,4k", 20), dense("niah_single", "8k", 20),
                                  dense("niah_single_noise", "8k", 20),
