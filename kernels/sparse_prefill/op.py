@@ -8,7 +8,16 @@ from typing import Literal
 import torch
 
 from kernels._common.device import device_info
-from kernels._common.validate import check_choice, check_lengths, check_size, check_tensor, check_topk_ids, resolve_impl
+from kernels._common.fp8 import FP8, require_fp8
+from kernels._common.validate import (
+    check_choice,
+    check_kv_scales,
+    check_lengths,
+    check_size,
+    check_tensor,
+    check_topk_ids,
+    resolve_impl,
+)
 from kernels.sparse_prefill import naive
 from kernels.sparse_prefill.launch import launch
 from kernels.sparse_prefill.plan import OP, PrefillShape, TileConfig, plan_prefill
@@ -21,14 +30,20 @@ HEAD_DIM_CHOICES = (64, 128)
 
 
 def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids,
-              lengths=True):
+              lengths=True, k_scale=None, v_scale=None):
     check_tensor(OP, "q", q, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     impl = resolve_impl(impl, q.device, OP)
     if impl == "triton" and q.dtype == torch.float32:
         raise ValueError(f"{OP}: the Triton kernel takes bfloat16 or float16 q, got float32; use impl='torch'")
     dev = q.device
-    check_tensor(OP, "k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev)
-    check_tensor(OP, "v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_tensor(OP, "k_cache", k_cache, ndim=4, dtypes=(q.dtype, FP8), device=dev)
+    check_tensor(OP, "v_cache", v_cache, ndim=4, dtypes=(q.dtype, FP8), device=dev)
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"{OP}: k_cache and v_cache must share one dtype (q's, or both float8_e4m3fn with "
+                         f"k_scale / v_scale), got {k_cache.dtype} and {v_cache.dtype}")
+    check_kv_scales(OP, k_cache, v_cache, k_scale, v_scale)
+    if k_cache.dtype == FP8 and impl == "triton":
+        require_fp8(OP, dev)
     check_tensor(OP, "page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "seq_lens_kv", seq_lens_kv, ndim=1, dtypes=(torch.int32,), device=dev)
@@ -58,7 +73,8 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           design: Literal["auto", "tile", "token"] = "auto", tile_q: int | None = None,
                           check_ids: bool = True, out: torch.Tensor | None = None,
                           lse: torch.Tensor | None = None, rare_max: int | None = None,
-                          tile_config: TileConfig | None = None, check_lengths: bool = True
+                          tile_config: TileConfig | None = None, check_lengths: bool = True,
+                          k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of packed queries over their selected blocks in the paged KV cache.
 
@@ -81,14 +97,20 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     With both off the tile design has no host sync.
     ``out`` / ``lse``: optional preallocated outputs of those shapes (q's dtype / fp32, contiguous);
     the kernels write every element (the tests pass NaN-poisoned buffers to prove it).
+    ``k_scale`` / ``v_scale``: fp32 ``[pages, Hkv, B]``, required with float8_e4m3fn caches (and only
+    with them; ``kernels._common.fp8``: value = x8 * scale). q stays bf16/fp16 (fp32 on the torch path);
+    the kernels run Q8KV8 (q rounded to e4m3 per (token, head) row, e4m3 QK and PV dots, fp32 online
+    softmax: ``triton_sparse_attention``), the torch path dequantises exactly. FP8 kernels need compute
+    capability >= 8.9.
     """
     impl = _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, impl, check_ids,
-                     check_lengths)
+                     check_lengths, k_scale, v_scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     t, hq, d = q.shape
     if impl == "torch":
         ref_out, ref_lse = naive.sparse_attention_reference(q, k_cache, v_cache, page_table, cu_seqlens_q,
-                                                            seq_lens_kv, topk_ids, scale)
+                                                            seq_lens_kv, topk_ids, scale, k_scale=k_scale,
+                                                            v_scale=v_scale)
         if out is not None:
             ref_out = _output(out, (t, hq, d), q.dtype, q.device, "out").copy_(ref_out)
         if lse is not None:
@@ -101,7 +123,8 @@ def msa_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     out = _output(out, (t, hq, d), q.dtype, q.device, "out")
     lse = _output(lse, (t, hq), torch.float32, q.device, "lse")
     if t > 0:
-        launch(plan, q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale)
+        launch(plan, q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, topk_ids, out, lse, scale,
+               k_scale=k_scale, v_scale=v_scale)
     return out, lse
 
 

@@ -13,6 +13,10 @@ in ``benchmarks/kernels/RESULTS.md``, what lost in ``benchmarks/CHANGELOG.md``).
 | ``design="token"`` | per-token kernel, no unions | - |
 | ``impl="torch"`` | ``naive.py`` | - |
 
+FP8 (e4m3) K/V (``PrefillShape.kv_dtype``): the same table, except that sm_90 takes the Gluon tile kernel by
+default only if ``fp8_prefill_uses_gluon()`` says so (the one switch; until then the Triton tile kernel's
+``FP8`` mode, and ``TileConfig(kernel="gluon")`` asks for Gluon explicitly).
+
 ``design="auto"`` plans the tile design and, once the unions are built, runs the per-token kernel
 instead when their mean size is past the measured break-even (``tile_wins``; one host sync).
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common.device import DeviceInfo
+from kernels._common.fp8 import FP8
 from kernels.sparse_prefill.rare_items import max_rare_items
 
 OP = "msa_prefill_attention"
@@ -66,10 +71,15 @@ class PrefillShape:
     elem_bytes: int = 2
     q_contiguous: bool = True
     kv_contiguous: bool = True
+    kv_dtype: torch.dtype = torch.bfloat16  # the K/V caches' dtype; float8_e4m3fn: the Q8KV8 kernels
 
     @property
     def group(self) -> int:
         return self.q_heads // self.kv_heads
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_dtype == FP8
 
     @classmethod
     def of(cls, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -78,7 +88,7 @@ class PrefillShape:
         return cls(tokens=t, requests=page_table.shape[0], pages=page_table.numel(), q_heads=hq,
                    kv_heads=k_cache.shape[1], head_dim=d, block=k_cache.shape[2], topk=topk_ids.shape[2],
                    elem_bytes=q.element_size(), q_contiguous=q.is_contiguous(),
-                   kv_contiguous=k_cache.is_contiguous() and v_cache.is_contiguous())
+                   kv_contiguous=k_cache.is_contiguous() and v_cache.is_contiguous(), kv_dtype=k_cache.dtype)
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,18 @@ class PrefillPlan:
     rare_warps: int = 4
     rare_block_n: int = 0
     rare_stages: int = 2
+
+
+def fp8_prefill_uses_gluon() -> bool:
+    """Whether FP8 K/V takes the Gluon tile kernel (and its items rare pass) by default where the Gluon
+    kernel runs (sm_90, 128-row tiles, contiguous caches), rather than the Triton tile kernel's FP8 mode.
+
+    The one decision point of the FP8 kernel choice. False until the Gluon FP8 kernel
+    (``gluon_tile.launch_gluon_tile(..., k_scale=, v_scale=)``) has passed its tests on an H200 and measured
+    faster there (``benchmarks/kernels/prefill.py --preset fp8 --fp8-impl triton,gluon``); flip it then.
+    An explicit ``TileConfig(kernel="gluon")`` runs it whatever this says.
+    """
+    return False
 
 
 def pow2(n: int) -> int:
@@ -144,7 +166,7 @@ def plan_prefill(shape: PrefillShape, device: DeviceInfo, *, impl: str = "triton
     kernel = cfg.kernel
     limit = _gluon_limit(shape, device, tile_q)
     if kernel is None:
-        kernel = "triton" if limit else "gluon"
+        kernel = "triton" if limit or (shape.fp8 and not fp8_prefill_uses_gluon()) else "gluon"
     elif kernel == "gluon" and limit:
         raise ValueError(limit)
     if kernel == "gluon":

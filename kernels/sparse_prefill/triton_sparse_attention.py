@@ -20,27 +20,91 @@ Two designs, same math (see ``naive.py``), base-2 online softmax in fp32:
 
 Rows with nothing visible yet keep ``m = -inf``; the exponent reference is then 0 so that
 ``exp2(-inf - ref) = 0`` and no NaN appears. An empty selection gives ``out = 0``, ``lse = -inf``.
+
+FP8 (e4m3) K/V, Q8KV8 (``FP8``, both kernels; caches ``[pages, Hkv, B, d]`` e4m3 with fp32 scales ``KS`` /
+``VS [pages, Hkv, B]``, ``kernels._common.fp8``: value = x8 * scale):
+
+* q is rounded to e4m3 once per program, per (token, head) row by the shared rule (``scale = max(amax,
+  1e-12) / 448``, ``tl.div_rn``); the QK product is an e4m3 x e4m3 dot with fp32 accumulation and its
+  scores are multiplied by ``q_scale[row] * k_scale[key]`` (times ``scale * log2(e)``);
+* fp32 online softmax with the running max, whose reference is rounded up to an integer (``ceil``): the
+  probabilities ``p = exp2(s - ref)`` stay in (0, 1], the rescale factors become exact powers of two, and
+  the result no longer depends on where in the loop the max was found (``naive``'s ``q8kv8`` mode models
+  it in one pass, so the kernels are held to a tight bound);
+* each step's probabilities are scaled by ``v_scale[key] * 256 / vmax`` (``vmax`` = the step's largest
+  v-scale; keys at or past the request's length load scale 0) into [0, 256] (e4m3's max is 448; small
+  probabilities keep e4m3's normal range down to ``2^-14``), rounded to e4m3 (nearest even) for an
+  e4m3 x e4m3 PV dot, and the product is multiplied by ``vmax / 256``. Deterministic, not exact in
+  expectation: the rounding of q and p adds to the cache's own (the error bounds are in
+  ``tests/kernels/test_sparse_prefill_fp8.py``).
+
+Under the interpreter (``UPCAST``) the dot operands are fp32 and the e4m3 roundings of q and p are computed
+in fp32 (``kernels.indexer.triton_indexer._to_e4m3``: the interpreter's own fp32 -> fp8 cast is wrong where
+the rounding carries into the exponent), so the interpreter checks the same arithmetic.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from kernels.indexer.triton_indexer import _quantize_rows, _to_e4m3
+
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _online_update(qk, valid, m_i, l_i, acc, v):
-    """One block of the base-2 online softmax; ``qk`` is already scaled by ``scale * log2(e)``."""
+def _pv_fp8(p, v, vs, UPCAST: tl.constexpr):
+    """``p [M, N] @ (v8 * v_scale) [N, D]`` as an e4m3 x e4m3 dot: p times ``vs * 256 / max(vs)`` rounded to
+    e4m3, the product times ``max(vs) / 256`` (``vs [N]``: 0 on keys past the request)."""
+    v_max = tl.max(vs, axis=0)
+    v_max = tl.where(v_max > 0.0, v_max, 1.0)
+    pv = _to_e4m3(p * (vs * (256.0 / v_max))[None, :], UPCAST)
+    return tl.dot(pv, v) * (v_max / 256.0)
+
+
+@triton.jit
+def _online_update(qk, valid, m_i, l_i, acc, v, vs, FP8: tl.constexpr = False, UPCAST: tl.constexpr = False):
+    """One block of the base-2 online softmax; ``qk`` is already scaled by ``scale * log2(e)`` (FP8: and by
+    the q and k scales); ``vs`` the keys' v-scales (FP8 only)."""
     qk = tl.where(valid, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    if FP8:  # an integer reference: p in (0, 1], exact power-of-two rescales
+        m_new = tl.ceil(m_new)
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(qk - m_ref[:, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if FP8:
+        acc = acc * alpha[:, None] + _pv_fp8(p, v, vs, UPCAST)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _prepare_q(q, qk_scale, UPCAST: tl.constexpr, FP8: tl.constexpr):
+    """q ``[M, D]`` as the QK dot operand and the per-row factor ``[M]`` of its scores: ``qk_scale``, or with
+    FP8 q rounded to e4m3 per row and ``q_scale * qk_scale``."""
+    row_scale = tl.full([q.shape[0]], 1.0, tl.float32) * qk_scale
+    if FP8:
+        q, q_scale = _quantize_rows(q, UPCAST)
+        row_scale = q_scale * qk_scale
+    elif UPCAST:
+        q = q.to(tl.float32)
+    return q, row_scale
+
+
+@triton.jit
+def _load_scales(KS, VS, page, g, key, ok, stride_ksp, stride_ksh, stride_vsp, stride_vsh, FP8: tl.constexpr):
+    """The keys' fp32 k and v scales (0 where not ``ok``); zeros without FP8 (unused)."""
+    if FP8:
+        ks = tl.load(KS + page * stride_ksp + g * stride_ksh + key, mask=ok, other=0.0)
+        vs = tl.load(VS + page * stride_vsp + g * stride_vsh + key, mask=ok, other=0.0)
+    else:
+        ks = tl.zeros(key.shape, tl.float32)
+        vs = ks
+    return ks, vs
 
 
 @triton.jit
@@ -53,17 +117,19 @@ def _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc):
 
 
 @triton.jit
-def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, merge,
+def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, KS, VS, t, g, req, id_row, n_valid, merge,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                  stride_pt, stride_ot, stride_oh, qk_scale, HKV: tl.constexpr, G: tl.constexpr,
-                  GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, KN: tl.constexpr = 0):
+                  stride_pt, stride_ot, stride_oh, stride_ksp, stride_ksh, stride_vsp, stride_vsh, qk_scale,
+                  HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
+                  UPCAST: tl.constexpr, KN: tl.constexpr = 0, FP8: tl.constexpr = False):
     """Attention of token ``t``'s group ``g`` (rows = its G heads) over the ``n_valid`` blocks at
     ``id_row``, ``KN`` keys per step (0: the whole block); ``merge``: start from the normalised
     ``OUT`` / ``LSE`` already there."""
     BK: tl.constexpr = B if KN == 0 else KN
     NSUB: tl.constexpr = B // BK
     q_beg = tl.load(CUQ + req)
-    pos = tl.load(SEQ + req) - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
+    kv_len = tl.load(SEQ + req)
+    pos = kv_len - (tl.load(CUQ + req + 1) - q_beg) + (t - q_beg)
 
     rows = tl.arange(0, GP)
     row_ok = rows < G
@@ -72,8 +138,7 @@ def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid,
     offs_b = tl.arange(0, BK)
     q = tl.load(Q + t.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q, row_scale = _prepare_q(q, qk_scale, UPCAST, FP8)
 
     out_rows = t.to(tl.int64) * stride_ot + head * stride_oh
     lse_rows = t.to(tl.int64) * (HKV * G) + head
@@ -95,20 +160,28 @@ def _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid,
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        ks, vs = _load_scales(KS, VS, page, g, key, blk * B + key < kv_len, stride_ksp, stride_ksh, stride_vsp,
+                              stride_vsh, FP8)
+        if FP8:
+            qk = tl.dot(q, tl.trans(k)) * row_scale[:, None] * ks[None, :]
+        else:
+            qk = tl.dot(q, tl.trans(k)) * qk_scale
         visible = (blk * B + key <= pos)[None, :]
-        m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v)
+        m_i, l_i, acc = _online_update(qk, visible, m_i, l_i, acc, v, vs, FP8, UPCAST)
     _store_out(OUT, LSE, out_rows, lse_rows, row_ok, offs_d, m_i, l_i, acc)
 
 
 @triton.jit
-def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
+def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, KS, VS,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, qk_scale,
+                  stride_pt, stride_it, stride_ih, stride_ot, stride_oh, stride_ksp, stride_ksh, stride_vsp,
+                  stride_vsh, qk_scale,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, B: tl.constexpr,
-                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False, KN: tl.constexpr = 0):
+                  TOPK: tl.constexpr, UPCAST: tl.constexpr, MERGE: tl.constexpr = False, KN: tl.constexpr = 0,
+                  FP8: tl.constexpr = False):
     """``MERGE``: ``OUT``/``LSE`` already hold attention over other blocks (the tile kernel's common
-    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written."""
+    blocks); the token's ``IDS`` (its rare blocks) are added to that state; no ids: nothing written.
+    ``FP8``: e4m3 caches with the fp32 scales ``KS`` / ``VS`` (Q8KV8, the module docstring)."""
     pid = tl.program_id(0)
     t = pid // HKV
     g = pid % HKV
@@ -119,41 +192,52 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE,
     if MERGE:
         if n_valid == 0:
             return
-    _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, t, g, req, id_row, n_valid, MERGE,
+    _token_attend(Q, KC, VC, PT, CUQ, SEQ, OUT, LSE, KS, VS, t, g, req, id_row, n_valid, MERGE,
                   stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh, stride_vb,
-                  stride_pt, stride_ot, stride_oh, qk_scale, HKV, G, GP, D, B, UPCAST, KN)
+                  stride_pt, stride_ot, stride_oh, stride_ksp, stride_ksh, stride_vsp, stride_vsh, qk_scale,
+                  HKV, G, GP, D, B, UPCAST, KN, FP8)
 
 
 @triton.jit
-def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, v, BN: tl.constexpr):
+def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, v, vs, BN: tl.constexpr,
+                FP8: tl.constexpr = False, UPCAST: tl.constexpr = False):
     """Online-softmax update of the tile state by ``BN`` keys of one union block (the first at position
     ``key0``) from their raw scores ``Q K^T``; the scale and the membership bias are folded into the
-    exponent's reference (``exp2(s * scale - ref)``: one FMA per score)."""
+    exponent's reference (``exp2(s * scale - ref)``: one FMA per score). ``FP8``: ``s_raw`` already carries
+    the q and k scales (``qk_scale`` 1), the reference is ceiled and ``vs`` (the keys' v-scales) go into
+    the e4m3 PV dot."""
     bias = tl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose it
     if key0 + (BN - 1) > pos_min:  # a key of this step lies past some row: causal mask
         s_raw = tl.where((key0 + offs_b)[None, :] <= pos[:, None], s_raw, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s_raw, axis=1) * qk_scale + bias)  # scale > 0: max of scaled = scaled max
+    if FP8:  # an integer reference (non-member rows keep m_i, already one)
+        m_new = tl.ceil(m_new)
     alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))  # 0 while m_i = -inf
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s_raw * qk_scale - (m_ref - bias)[:, None])  # non-member rows: reference +inf, p = 0
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    if FP8:
+        acc = acc * alpha[:, None] + _pv_fp8(p, v, vs, UPCAST)
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l_i, acc
 
 
 @triton.jit
 def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK, UCOUNT, OUT, LSE, TOKMAP,
-                 KDESC, VDESC, stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh,
-                 stride_vb, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale,
+                 KDESC, VDESC, KS, VS, stride_qt, stride_qh, stride_kp, stride_kh, stride_kb, stride_vp, stride_vh,
+                 stride_vb, stride_ot, stride_oh, stride_ut, stride_uh, stride_ksp, stride_ksh, stride_vsp,
+                 stride_vsh, qk_scale,
                  HKV: tl.constexpr, G: tl.constexpr, TQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  D: tl.constexpr, B: tl.constexpr, UPCAST: tl.constexpr, BN: tl.constexpr = 0,
-                 GROUPED: tl.constexpr = False, TMA: tl.constexpr = False):
+                 GROUPED: tl.constexpr = False, TMA: tl.constexpr = False, FP8: tl.constexpr = False):
     """One program per (tile, KV head): rows = ``TQ`` tokens x ``G`` heads; each loop step takes ``BN``
     keys of a union block (0: the whole block, ``B``). ``GROUPED``: the tile's tokens are
     ``TOKMAP[tile, g, :]`` (-1: empty slot) instead of ``t0 + j``. ``TMA``: the union loop's K / V
     steps come through the tensor descriptors ``KDESC`` / ``VDESC`` over the contiguous caches seen as
     ``[pages * HKV * B, D]`` (row ``(page * HKV + g) * B + key``: the copy engine fills shared memory,
-    no address registers) instead of pointer loads."""
+    no address registers) instead of pointer loads. ``FP8``: e4m3 caches with the fp32 scales ``KS`` /
+    ``VS`` (Q8KV8, the module docstring)."""
     KN: tl.constexpr = B if BN == 0 else BN
     NSUB: tl.constexpr = B // KN
     pid = tl.program_id(0)
@@ -183,8 +267,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     tok64 = tok.to(tl.int64)
     q = tl.load(Q + tok64[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q, row_scale = _prepare_q(q, qk_scale, UPCAST, FP8)  # FP8: q_scale * qk_scale per row
     row_bit = rows // G  # the row's token within the tile: its bit in the block's token mask
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -208,7 +291,14 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         bits = tl.load(UMASK + u_off + u)
-        m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk * B + koff, bits, row_bit, pos, pos_min, offs_b,
-                                    qk_scale, m_i, l_i, acc, v, KN)
+        ks, vs = _load_scales(KS, VS, page, g, koff + offs_b, blk * B + koff + offs_b < kv_len, stride_ksp,
+                              stride_ksh, stride_vsp, stride_vsh, FP8)
+        if FP8:
+            s_raw = tl.dot(q, tl.trans(k)) * row_scale[:, None] * ks[None, :]
+            m_i, l_i, acc = _tile_block(s_raw, blk * B + koff, bits, row_bit, pos, pos_min, offs_b,
+                                        1.0, m_i, l_i, acc, v, vs, KN, FP8, UPCAST)
+        else:
+            m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk * B + koff, bits, row_bit, pos, pos_min, offs_b,
+                                        qk_scale, m_i, l_i, acc, v, vs, KN)
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)
