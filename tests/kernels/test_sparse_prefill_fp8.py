@@ -204,6 +204,43 @@ def test_plan_picks_the_fp8_kernel_in_one_place():
     assert plan_prefill(fp8, DeviceInfo(sm_major=8, sms=108), design="tile").kernel == "triton"
 
 
+def test_benchmark_fp8ci_preset():
+    """The benchmark's fp8 table runs end to end in the interpreter (timings meaningless here); a forced
+    kernel that cannot run here leaves its error in the row."""
+    from benchmarks.kernels import prefill as bench
+
+    rows = bench.run("fp8ci", ("triton", "gluon"))
+    assert [r["case"] for r in rows] == ["tiny 64", "tiny 128"]
+    for row in rows:
+        assert row["bf16_attention_ms"] > 0 and row["q8kv8_attention_ms"] > 0 and row["dense_fp8_ms"] > 0
+        assert row["ratio_bf16_over_q8kv8"].endswith("x") and row["speedup_q8kv8_vs_dense_fp8"].endswith("x")
+        assert row["q8kv8_kernels"].startswith("triton tile") and "needs a Hopper GPU" in row["q8kv8_gluon_error"]
+
+
+def test_benchmark_dense_fp8_baseline_is_dense_attention():
+    """The speed table's dense FP8 baseline (unions of every visible block) computes dense causal attention."""
+    from benchmarks.kernels import prefill as bench
+
+    s = bench.SHAPES["tiny"]
+    x = bench.make_inputs(200, s, "cpu")
+    k8, ks = quantize_rows(x["k_cache"])
+    v8, vs = quantize_rows(x["v_cache"])
+    x8 = dict(x, k_cache=k8, v_cache=v8, k_scale=ks, v_scale=vs)
+    plan = plan_prefill(PrefillShape.of(x["q"], k8, v8, x["page_table"], torch.empty(200, 1, 4)), DeviceInfo(),
+                        design="tile", config=TileConfig(rare_max=0, group=False))
+    tiles = bench.tile_table(x["cu_seqlens_q"], 200, plan.tile_q, longest_first=False)
+    union = bench.dense_unions(200, s.block, plan.tile_q, s.hkv, x["page_table"], tiles)
+    out, lse = torch.full_like(x["q"], float("nan")), torch.full((200, s.hq), float("nan"))
+    bench.launch_tile(plan, x["q"], k8, v8, x["cu_seqlens_q"], x["seq_lens_kv"], tiles, union, out, lse,
+                      s.d ** -0.5, ks, vs)
+    dense = dense_causal_reference(x["q"].float(), k8, v8, x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"],
+                                   k_scale=ks, v_scale=vs)
+    assert_close("dense fp8 baseline", dense, out, EXACT)
+    ids = all_blocks([200], [200], s.block, s.hkv, 4)
+    (m_out, _), _ = references(dict(x, seq_lens_kv=x["seq_lens_kv"]), ids, x8)
+    assert_close("dense fp8 baseline vs Q8KV8 model", m_out, out, MODEL[torch.bfloat16])
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU with FP8 tensor cores (>= 8.9)")
 @pytest.mark.parametrize("design", ["tile", "token"])
 def test_gpu_plan_choice_matches_references(design):
