@@ -34,7 +34,9 @@ FP8 (e4m3) K/V, Q8KV8 (``FP8``, both kernels; caches ``[pages, Hkv, B, d]`` e4m3
 * each step's probabilities are scaled by ``v_scale[key] * 256 / vmax`` (``vmax`` = the step's largest
   v-scale; keys at or past the request's length load scale 0) into [0, 256] (e4m3's max is 448; small
   probabilities keep e4m3's normal range down to ``2^-14``), rounded to e4m3 (nearest even) for an
-  e4m3 x e4m3 PV dot, and the product is multiplied by ``vmax / 256``. Deterministic, not exact in
+  e4m3 x e4m3 PV dot, and the product is multiplied by ``vmax / 256`` (the tile kernel keeps its
+  accumulator in units of the last step's ``vmax / 256``, folding the change into the rescale ``alpha`` so that
+  the dot accumulates in place, one multiply per output element at the end). Deterministic, not exact in
   expectation: the rounding of q and p adds to the cache's own (the error bounds are in
   ``tests/kernels/test_sparse_prefill_fp8.py``).
 
@@ -54,13 +56,19 @@ _LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _pv_fp8(p, v, vs, UPCAST: tl.constexpr):
-    """``p [M, N] @ (v8 * v_scale) [N, D]`` as an e4m3 x e4m3 dot: p times ``vs * 256 / max(vs)`` rounded to
-    e4m3, the product times ``max(vs) / 256`` (``vs [N]``: 0 on keys past the request)."""
+def _v_factors(vs):
+    """One step's keys' v-scales ``vs [N]`` (0 on keys past the request) -> (``vs * 256 / vmax`` ``[N]``, the
+    factor the probabilities take before their e4m3 rounding; ``vmax / 256``, the one the product takes)."""
     v_max = tl.max(vs, axis=0)
     v_max = tl.where(v_max > 0.0, v_max, 1.0)
-    pv = _to_e4m3(p * (vs * (256.0 / v_max))[None, :], UPCAST)
-    return tl.dot(pv, v) * (v_max / 256.0)
+    return vs * tl.div_rn(tl.full([1], 256.0, tl.float32), v_max), v_max / 256.0
+
+
+@triton.jit
+def _pv_fp8(p, v, vs, UPCAST: tl.constexpr):
+    """``p [M, N] @ (v8 * v_scale) [N, D]`` as an e4m3 x e4m3 dot (``_v_factors``)."""
+    c, back = _v_factors(vs)
+    return tl.dot(_to_e4m3(p * c[None, :], UPCAST), v) * back
 
 
 @triton.jit
@@ -199,13 +207,14 @@ def _token_kernel(Q, KC, VC, PT, CUQ, SEQ, TOK_REQ, IDS, OUT, LSE, KS, VS,
 
 
 @triton.jit
-def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, v, vs, BN: tl.constexpr,
-                FP8: tl.constexpr = False, UPCAST: tl.constexpr = False):
+def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i, l_i, acc, acc_scale, v, vs,
+                BN: tl.constexpr, FP8: tl.constexpr = False, UPCAST: tl.constexpr = False):
     """Online-softmax update of the tile state by ``BN`` keys of one union block (the first at position
     ``key0``) from their raw scores ``Q K^T``; the scale and the membership bias are folded into the
     exponent's reference (``exp2(s * scale - ref)``: one FMA per score). ``FP8``: ``s_raw`` already carries
-    the q and k scales (``qk_scale`` 1), the reference is ceiled and ``vs`` (the keys' v-scales) go into
-    the e4m3 PV dot."""
+    the k scales and ``qk_scale`` is per row (``q_scale * scale * log2(e)``), the reference is ceiled, ``vs``
+    (the keys' v-scales) go into the e4m3 PV dot, and ``acc`` is kept in units of ``acc_scale`` (the last
+    step's ``vmax / 256``), so the step's factor joins ``alpha`` and the dot still accumulates in place."""
     bias = tl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose it
     if key0 + (BN - 1) > pos_min:  # a key of this step lies past some row: causal mask
         s_raw = tl.where((key0 + offs_b)[None, :] <= pos[:, None], s_raw, float("-inf"))
@@ -214,13 +223,16 @@ def _tile_block(s_raw, key0, bits, row_bit, pos, pos_min, offs_b, qk_scale, m_i,
         m_new = tl.ceil(m_new)
     alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))  # 0 while m_i = -inf
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s_raw * qk_scale - (m_ref - bias)[:, None])  # non-member rows: reference +inf, p = 0
-    l_i = l_i * alpha + tl.sum(p, axis=1)
     if FP8:
-        acc = acc * alpha[:, None] + _pv_fp8(p, v, vs, UPCAST)
+        p = tl.exp2(s_raw * qk_scale[:, None] - (m_ref - bias)[:, None])
+        c, back = _v_factors(vs)
+        acc = tl.dot(_to_e4m3(p * c[None, :], UPCAST), v, acc * (alpha * (acc_scale / back))[:, None])
+        acc_scale = back
     else:
+        p = tl.exp2(s_raw * qk_scale - (m_ref - bias)[:, None])  # non-member rows: reference +inf, p = 0
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return m_new, l_i, acc
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i, acc, acc_scale
 
 
 @triton.jit
@@ -273,6 +285,7 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    acc_scale = 1.0  # FP8: acc is in units of this (the last step's vmax / 256)
     u_off = tile.to(tl.int64) * stride_ut + g * stride_uh
     n_union = tl.load(UCOUNT + tile * HKV + g)
     for it in range(n_union * NSUB):
@@ -294,11 +307,13 @@ def _tile_kernel(Q, KC, VC, CUQ, SEQ, TILE_REQ, TILE_START, UNION, UPAGE, UMASK,
         ks, vs = _load_scales(KS, VS, page, g, koff + offs_b, blk * B + koff + offs_b < kv_len, stride_ksp,
                               stride_ksh, stride_vsp, stride_vsh, FP8)
         if FP8:
-            s_raw = tl.dot(q, tl.trans(k)) * row_scale[:, None] * ks[None, :]
-            m_i, l_i, acc = _tile_block(s_raw, blk * B + koff, bits, row_bit, pos, pos_min, offs_b,
-                                        1.0, m_i, l_i, acc, v, vs, KN, FP8, UPCAST)
+            m_i, l_i, acc, acc_scale = _tile_block(tl.dot(q, tl.trans(k)) * ks[None, :], blk * B + koff, bits,
+                                                   row_bit, pos, pos_min, offs_b, row_scale, m_i, l_i, acc,
+                                                   acc_scale, v, vs, KN, FP8, UPCAST)
         else:
-            m_i, l_i, acc = _tile_block(tl.dot(q, tl.trans(k)), blk * B + koff, bits, row_bit, pos, pos_min, offs_b,
-                                        qk_scale, m_i, l_i, acc, v, vs, KN)
+            m_i, l_i, acc, acc_scale = _tile_block(tl.dot(q, tl.trans(k)), blk * B + koff, bits, row_bit, pos,
+                                                   pos_min, offs_b, qk_scale, m_i, l_i, acc, acc_scale, v, vs, KN)
+    if FP8:
+        acc = acc * acc_scale
     _store_out(OUT, LSE, tok64 * stride_ot + head * stride_oh, tok64 * (HKV * G) + head,
                row_ok, offs_d, m_i, l_i, acc)
