@@ -256,7 +256,9 @@ def test_gpu_plan_choice_matches_references(design):
         assert plan.kernel == ("gluon" if fp8_prefill_uses_gluon() else "triton")
     out, lse = run_fp8(case, ids, fp8, design=design)
     (m_out, m_lse), (e_out, e_lse) = references(case, ids, fp8, plan.block_n or None)
-    assert_close("out vs Q8KV8 model", m_out, out, 6e-3)
-    assert_close("lse vs Q8KV8 model", m_lse, lse, 1e-4)
+    # looser than the interpreter's: sm_90's e4m3 wgmma accumulates with reduced precision (Triton's default
+    # max_num_imprecise_acc there is 2**30: no promotion), so some probabilities round to the other e4m3 neighbour
+    assert_close("out vs Q8KV8 model", m_out, out, 1.5e-2)
+    assert_close("lse vs Q8KV8 model", m_lse, lse, 1e-3)
     assert_close("out vs exact", e_out, out, EXACT)
     assert_close("lse vs exact", e_lse, lse, LSE_EXACT)
