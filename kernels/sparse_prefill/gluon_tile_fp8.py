@@ -13,10 +13,11 @@ differ in four places, each FP8's rule (``kernels/_common/fp8.py``: value = x8 *
 * **QK** is an e4m3 wgmma (fp32 accumulate); the scores are multiplied by ``q_scale[row] *
   qk_scale`` and ``k_scale[key]`` (plain loads of the key rows' scales, masked past ``kv_len``)
   before the unchanged base-2 online softmax with the running max.
-* **PV** is an e4m3 wgmma: ``P`` (in [0, 1] after the max shift) times ``v_scale[key] / vmax``
-  (``vmax``: the step's largest value scale) is cast to e4m3; the accumulator is kept in units of
-  the current step's ``vmax`` (the ratio of two steps' ``vmax`` folds into the softmax rescale
-  ``alpha``) and multiplied by the last ``vmax`` before the normalisation: no second accumulator.
+* **PV** is an e4m3 wgmma: ``P`` (in [0, 1] after the max shift) times ``v_scale[key] * 256 / vmax``
+  (``vmax``: the step's largest value scale; 256 as ``naive.P_RANGE``) is cast to e4m3; the
+  accumulator is kept in units of the current step's ``vmax / 256`` (the ratio of two steps' units
+  folds into the softmax rescale ``alpha``) and multiplied by the last unit before the normalisation:
+  no second accumulator.
 * Hopper's e4m3 wgmma wants both shared operands K-major; V ``[keys, d]`` is MN-major for P V, so each
   warpgroup transposes the step's V tile through registers into its own ``[d, keys]`` buffer ``vt``
   (the simplest correct way; it costs a shared-memory round trip per step).
@@ -63,6 +64,8 @@ if TYPE_CHECKING:
     from kernels.sparse_prefill.unions import TileUnions
 
 _E4M3_MAX = gl.constexpr(448.0)  # kernels/_common/fp8.py's E4M3_MAX
+_P_RANGE = gl.constexpr(256.0)  # e4m3 P lies in [0, 256] (naive.P_RANGE: a power of two below 448, so the
+# small probabilities stay normal numbers longer)
 _SMEM_BYTES = 227 * 1024  # the H200's shared memory per block
 
 
@@ -106,8 +109,9 @@ def _key_scales(KS, VS, page, g, key0, sub0, kv_len, HKV: gl.constexpr, B: gl.co
 def _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos, pos_min, offs_n, m_i, l_i,
                       BN: gl.constexpr, p_layout: gl.constexpr):
     """``gluon_tile._softmax_step`` on e4m3 scores: ``s_raw * q_sc[row] * k_sc[key]`` (``q_sc`` holds
-    ``qk_scale``); also returns the step's ``vmax`` and ``P * v_sc / vmax`` in e4m3, the A operand of
-    the P V MMA (the sum ``l_i`` takes ``P`` itself)."""
+    ``qk_scale``); also returns ``P * v_sc * 256 / vmax`` in e4m3 (``vmax``: the step's largest value
+    scale), the A operand of the P V MMA, and the unit ``vmax / 256`` of its product (the sum ``l_i``
+    takes ``P`` itself)."""
     col: gl.constexpr = offs_n.type.layout
     s = s_raw * q_sc[:, None] * gl.convert_layout(k_sc, col)[None, :]
     bias = gl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose the block
@@ -120,8 +124,8 @@ def _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos, pos_min
     l_i = l_i * alpha + gl.sum(p, axis=1)
     vmax = gl.max(v_sc, axis=0)
     vmax = gl.where(vmax > 0, vmax, 1.0)  # (a step wholly past kv_len: every p is 0)
-    p8 = (p * gl.convert_layout(v_sc / vmax, col)[None, :]).to(gl.float8e4nv)
-    return m_new, l_i, alpha, gl.convert_layout(p8, p_layout), vmax
+    p8 = (p * gl.convert_layout(v_sc * (_P_RANGE / vmax), col)[None, :]).to(gl.float8e4nv)
+    return m_new, l_i, alpha, gl.convert_layout(p8, p_layout), vmax / _P_RANGE
 
 
 @gluon.jit
@@ -156,7 +160,7 @@ def _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
                        BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
     """``gluon_tile._consumer_item`` in Q8KV8 (the module docstring): the same step order (step ``it``'s
     score MMA and step ``it - 1``'s P V MMA in flight together), V transposed into ``vt`` before its
-    P V MMA, the accumulator in units of the last step's ``vmax``."""
+    P V MMA, the accumulator in units of the last step's ``vmax / 256``."""
     NSUB: gl.constexpr = B // BN
     num_warps: gl.constexpr = 4
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -261,7 +265,7 @@ def _consumer_rare_fp8(ODESC, LSE, ITEM_TOK, ITEM_BLK, ITEM_PAGE, KS, VS, q_smem
     """``gluon_tile._consumer_rare`` in Q8KV8: item ``n + 1``'s Q quantised into ``q8`` (free: item
     ``n``'s score MMA is done) before its score MMA, item ``n``'s V transposed into ``vt`` (free: item
     ``n - 1``'s P V is done) before its P V; each item's P V starts from zero and is scaled by its
-    ``vmax`` before the merge."""
+    unit ``vmax / 256`` before the merge."""
     gl.static_assert(B == BN, "the rare mode takes whole blocks")
     NQB: gl.constexpr = qready.shape[0]  # item slots and Q buffers (3)
     num_warps: gl.constexpr = 4

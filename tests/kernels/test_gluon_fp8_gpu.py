@@ -114,7 +114,7 @@ def reference(case, model_q: bool = False, chunk: int = 128):
 
 def emulate_q8kv8(case, chunk: int = 128, block_n: int | None = None):
     """The kernel's rounding in torch (CPU-sized): e4m3 Q per row, and per step of ``block_n`` keys of a
-    block ``P * v_scale / vmax`` rounded to e4m3 (P after the row's final max, the same rounding the
+    block ``P * v_scale * 256 / vmax`` rounded to e4m3 (P after the row's final max, the same rounding the
     online max gives up to the last factor): what the tolerances above are measured from."""
     case = dict(case, q=dequantize_rows(*quantize_rows(case["q"].float())))
     q, ids, pt = case["q"], case["topk_ids"].long(), case["page_table"].long()
@@ -141,8 +141,8 @@ def emulate_q8kv8(case, chunk: int = 128, block_n: int | None = None):
             s = torch.einsum("thgd,hsd->thgs", q[a:b].view(b - a, hkv, g, d), kr) / math.sqrt(d)
             s = s.masked_fill(~mask[:, :, None, :], float("-inf"))
             p = torch.exp(s - s.amax(-1, keepdim=True))
-            p8 = (p * (vs / vmax)[None, :, None, :]).to(FP8).float()
-            o = torch.einsum("thgs,hsd->thgd", p8 * vmax[None, :, None, :], v8) / p.sum(-1, keepdim=True)
+            p8 = (p * (vs * (256 / vmax))[None, :, None, :]).to(FP8).float()
+            o = torch.einsum("thgs,hsd->thgd", p8 * (vmax / 256)[None, :, None, :], v8) / p.sum(-1, keepdim=True)
             out[a:b] = o.reshape(b - a, hq, d)
     return out
 
@@ -171,8 +171,8 @@ def gluon_plan(tile_q=8, block_n=128, stages=2, q_tma=True, group=True, rare_max
 
 
 def run_gluon_fp8(plan, case, out=None, lse=None):
-    """``launch.launch``'s tile design step by step with the scales passed: unions, tile kernel, items
-    pass (``plan.rare_pass`` must be "items" or None here)."""
+    """``launch.launch``'s tile design step by step with the scales passed (bf16 caches: ``case`` without
+    ``k_scale`` / ``v_scale``): unions, tile kernel, items pass (``plan.rare_pass`` "items" or None)."""
     from kernels._common.tiles import tile_table
     from kernels.sparse_prefill.gluon_tile import launch_gluon_rare, launch_gluon_tile
     from kernels.sparse_prefill.launch import plan_unions
@@ -185,13 +185,41 @@ def run_gluon_fp8(plan, case, out=None, lse=None):
     tiles = tile_table(case["cu_seqlens_q"], q.shape[0], plan.tile_q, longest_first=False)
     union = plan_unions(plan, case["topk_ids"], case["page_table"], case["cu_seqlens_q"], tiles)
     args = (case["cu_seqlens_q"], case["seq_lens_kv"])
-    launch_gluon_tile(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, tiles, union, qk_scale,
-                      k_scale=case["k_scale"], v_scale=case["v_scale"])
+    scales = dict(k_scale=case.get("k_scale"), v_scale=case.get("v_scale"))
+    launch_gluon_tile(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, tiles, union, qk_scale, **scales)
     if plan.rare_pass == "items":
         items = build_rare_items(union.rare_ids, case["page_table"], case["cu_seqlens_q"], plan.tile_q)
-        launch_gluon_rare(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, items, qk_scale,
-                          k_scale=case["k_scale"], v_scale=case["v_scale"])
+        launch_gluon_rare(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, items, qk_scale, **scales)
     return out, lse
+
+
+def reference_rows(case, rows: torch.Tensor, model_q: bool = False, chunk: int = 64):
+    """``reference`` on the tokens ``rows`` of a one-request case only, gathering each token's selected
+    blocks (long contexts: the dense masked form would cost T x S): (out, lse) ``[len(rows), Hq, ...]``."""
+    q, pt = case["q"][rows].float(), case["page_table"][0].long()
+    if model_q:
+        q = dequantize_rows(*quantize_rows(q))
+    kv_len = int(case["seq_lens_kv"][0])
+    t_all = case["q"].shape[0]
+    hkv, block, d = case["k_cache"].shape[1], case["k_cache"].shape[2], q.shape[-1]
+    nb = -(-kv_len // block)
+    k = dequantize_rows(case["k_cache"][pt[:nb]], case["k_scale"][pt[:nb]]).permute(1, 0, 2, 3).reshape(hkv, -1, d)
+    v = dequantize_rows(case["v_cache"][pt[:nb]], case["v_scale"][pt[:nb]]).permute(1, 0, 2, 3).reshape(hkv, -1, d)
+    g = q.shape[1] // hkv
+    outs, lses = [], []
+    for a in range(0, rows.numel(), chunk):
+        r = rows[a:a + chunk]
+        ids = case["topk_ids"][r].long()  # [c, Hkv, k]
+        pos = kv_len - t_all + r
+        keys = (ids.clamp(min=0)[..., None] * block + torch.arange(block, device=q.device)).flatten(2)
+        ok = (ids >= 0).repeat_interleave(block, -1) & (keys <= pos[:, None, None])
+        h = torch.arange(hkv, device=q.device)[None, :, None]
+        kk, vv = k[h, keys], v[h, keys]  # [c, Hkv, k * B, d]
+        s = torch.einsum("chgd,chsd->chgs", q[a:a + chunk].view(-1, hkv, g, d), kk) / math.sqrt(d)
+        s = s.masked_fill(~ok[:, :, None, :], float("-inf"))
+        lses.append(torch.logsumexp(s, -1).flatten(1))
+        outs.append(torch.einsum("chgs,chsd->chgd", torch.softmax(s, -1), vv).flatten(1, 2))
+    return torch.cat(outs), torch.cat(lses)
 
 
 CASES = [  # id, (q_lens, kv_lens, hkv, group, d, block, topk), plan options
