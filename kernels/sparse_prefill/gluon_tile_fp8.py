@@ -482,6 +482,10 @@ def launch_gluon_tile_fp8(plan: PrefillPlan, q, k_cache, v_cache, out, lse, cu_s
     group = q.shape[1] // hkv
     q_tma = plan.q_tma and smem_bytes(True, plan.tile_q * group, d, plan.block_n, plan.num_stages,
                                       q.element_size()) + 1024 <= _SMEM_BYTES
+    need = smem_bytes(False, plan.tile_q * group, d, plan.block_n, plan.num_stages, q.element_size()) + 1024
+    if need > _SMEM_BYTES:
+        raise ValueError(f"gluon Q8KV8: {plan.num_stages} stages of {plan.block_n} keys need {need} bytes of shared "
+                         f"memory (more than {_SMEM_BYTES}); use fewer stages or a smaller block_n")
     qdesc, kdesc, vdesc, odesc = _descriptors(q, k_cache, v_cache, out, group, plan.block_n, q_tma)
     tokmap = union.tokmap if union.tokmap is not None else union.count
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)
