@@ -121,9 +121,9 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr,
         y1 = x1 * c1 - x2 * s1
         y2 = x2 * c2 + x1 * s2
         if h < HQ:
-            dst = q_ptr + t * HQ * D + h * D
-            tl.store(dst + half, y1.to(dst.dtype.element_ty))
-            tl.store(dst + D // 2 + half, y2.to(dst.dtype.element_ty))
+            qdst = q_ptr + t * HQ * D + h * D  # its own name: Triton 3.6 types a name once across if/else
+            tl.store(qdst + half, y1.to(qdst.dtype.element_ty))
+            tl.store(qdst + D // 2 + half, y2.to(qdst.dtype.element_ty))
         else:
             page = tl.load(pages_ptr + t)
             off = tl.load(offs_ptr + t)
