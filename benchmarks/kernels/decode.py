@@ -359,3 +359,11 @@ def run(preset: str) -> list[dict]:
         rows += agreement_rows(s, p.batches[0], p.ctx, cuda)
         print(rows[-4:], flush=True)
     return rows
+
+
+if __name__ == "__main__":  # the same as `python -m benchmarks.kernels.run --op decode ...`
+    import sys
+
+    from benchmarks.kernels.run import main
+
+    main(["--op", "decode", *sys.argv[1:]])

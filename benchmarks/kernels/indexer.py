@@ -67,3 +67,11 @@ def run(preset: str) -> list[dict]:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
+
+
+if __name__ == "__main__":  # the same as `python -m benchmarks.kernels.run --op indexer ...`
+    import sys
+
+    from benchmarks.kernels.run import main
+
+    main(["--op", "indexer", *sys.argv[1:]])

@@ -216,3 +216,11 @@ def run(preset: str) -> list[dict]:
         rows.append(dict(tokens="ceilings", variant=f"mm {ceil[0] / 1e12:.1f} TFLOP/s, SM copy {ceil[1] / 1e12:.3f} "
                          f"TB/s (memcpy {ceil[2] / 1e12:.3f})"))
     return rows
+
+
+if __name__ == "__main__":  # the same as `python -m benchmarks.kernels.run --op moe ...`
+    import sys
+
+    from benchmarks.kernels.run import main
+
+    main(["--op", "moe", *sys.argv[1:]])

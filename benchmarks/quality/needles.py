@@ -225,15 +225,16 @@ def markdown(rows: list[dict]) -> list[str]:
         out.append(f"| {t} | {n} | {c[settings[0]]['n']} | " + " | ".join(fmt(c[s]["acc"], ".1f") for s in settings)
                    + " | " + " | ".join(fmt(c[s].get("gap"), "+.1f") for s in sparse) + " | "
                    + " | ".join(fmt(c[s]["density"], ".3f") for s in sparse) + " |")
-    if "dense" in settings and sparse:
+    paired = [s for s in sparse if baseline(s) in settings]  # (an msa / msa@fp8 run pairs without dense)
+    if paired:
         out += ["", "| task | length | " + " | ".join(f"{s}: {baseline(s)} better / {s} better (paired 95%)"
-                                                   for s in sparse)
-                + " |", "|" + " --- |" * (2 + len(sparse))]
+                                                   for s in paired)
+                + " |", "|" + " --- |" * (2 + len(paired))]
         for t, n in keys:
             out.append(f"| {t} | {n} | " + " | ".join(
                 f"{by[(t, n, s)]['dense_better']} / {by[(t, n, s)]['setting_better']} "
                 f"({by[(t, n, s)]['gap']:+.0f} +- {by[(t, n, s)]['ci95']:.1f})" if "gap" in by.get((t, n, s), {})
-                else "-" for s in sparse) + " |")
+                else "-" for s in paired) + " |")
     rec = [r for r in rows if r["bench"] == "recall"]
     if rec:
         names = list(dict.fromkeys(r["setting"] for r in rec))

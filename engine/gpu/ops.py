@@ -20,7 +20,8 @@ import triton.language as tl
 from engine.kv_cache import as_bytes
 from engine.rope import apply_rope
 from kernels._common.device import interpreting
-from kernels._common.fp8 import E4M3_MAX, FP8, quantize_rows
+from kernels._common.fp8 import E4M3_MAX, quantize_rows
+from kernels._common.validate import check_kv_scales
 from kernels._common.validate import resolve_impl as _resolve_impl
 
 
@@ -157,33 +158,13 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr,
             tl.store(vc_ptr + slot * D + cols, x.to(vc_ptr.dtype.element_ty))
 
 
-def check_scales(what: str, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
-                 v_scale: torch.Tensor | None) -> bool:
-    """Whether the caches are FP8 with their scales (True) or unscaled (False); a mix raises one line."""
-    fp8 = k_cache.dtype == FP8
-    if fp8 != (v_cache.dtype == FP8):
-        raise ValueError(f"{what}: K and V caches must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
-    if not fp8:
-        if k_scale is not None or v_scale is not None:
-            raise ValueError(f"{what}: k_scale/v_scale go with FP8 caches only (these are {k_cache.dtype}): "
-                             "drop the scales")
-        return False
-    want = tuple(k_cache.shape[:3])
-    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if s is None:
-            raise ValueError(f"{what}: an FP8 cache needs {name} (fp32 {list(want)}, engine.kv_cache.KVCache.scales)")
-        if s.dtype != torch.float32 or tuple(s.shape) != want or not s.is_contiguous():
-            raise ValueError(f"{what}: {name} must be contiguous fp32 {list(want)}, got {s.dtype} {list(s.shape)}")
-    return True
-
-
 def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
                num_heads: int, num_kv_heads: int, impl: str = "auto", k_scale: torch.Tensor | None = None,
                v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (with RoPE) and V go to the cache slots
     (`slot_pages`, `slot_offsets` int64 `[T]`); FP8 caches take their per-row scales in `k_scale`, `v_scale`."""
-    quant = check_scales("rope_cache", k_cache, v_cache, k_scale, v_scale)
+    quant = check_kv_scales("rope_cache", k_cache, v_cache, k_scale, v_scale, contiguous=True)
     if resolve_impl(impl, qkv.device) == "torch":
         return rope_cache_ref(qkv, cos, sin, k_cache, v_cache, slot_pages, slot_offsets, num_heads, num_kv_heads,
                               k_scale, v_scale)

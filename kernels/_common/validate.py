@@ -203,10 +203,16 @@ def check_attention_tensors(op: str, q, k_cache, v_cache, tokens: int, k_scale=N
     return hq, hkv, page, d
 
 
-def check_kv_scales(op: str, k_cache, v_cache, k_scale, v_scale) -> None:
-    """float8_e4m3fn K/V caches need fp32 ``k_scale``/``v_scale [P, Hkv, B]`` (contiguous rows, the caches'
-    device); other caches take none. Shapes, dtypes and devices only: no host sync."""
+def check_kv_scales(op: str, k_cache, v_cache, k_scale, v_scale, contiguous: bool = False) -> bool:
+    """Whether the K/V caches are float8_e4m3fn (True) or not (False), checking what goes with them: fp8 caches
+    need fp32 ``k_scale``/``v_scale [P, Hkv, B]`` on the caches' device with a unit stride on the last dim
+    (wholly contiguous with ``contiguous``), other caches take none, and K and V share a dtype. One line naming
+    the fix otherwise; shapes, dtypes and devices only: no host sync. The one FP8 scale check of the ops, the
+    references and the engine's cache-write kernel."""
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if (v_cache.dtype == torch.float8_e4m3fn) != fp8:
+        raise ValueError(f"{op}: K and V caches must both be float8_e4m3fn or neither, got {k_cache.dtype} and "
+                         f"{v_cache.dtype}; quantise both (kernels._common.fp8.quantize_rows)")
     given = (k_scale is not None, v_scale is not None)
     if fp8 and given != (True, True):
         raise ValueError(f"{op}: float8_e4m3fn K/V caches need k_scale and v_scale (fp32 [num_pages, Hkv, B], "
@@ -215,16 +221,18 @@ def check_kv_scales(op: str, k_cache, v_cache, k_scale, v_scale) -> None:
         raise ValueError(f"{op}: k_scale/v_scale go with float8_e4m3fn K/V caches only, the caches are "
                          f"{k_cache.dtype}; drop the scales or pass fp8 caches")
     if not fp8:
-        return
+        return False
     want = tuple(k_cache.shape[:3])
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != want:
             got = f"{scale.dtype} {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else type(scale).__name__
             raise ValueError(f"{op}: {name} must be fp32 [num_pages, Hkv, B] = {want}, got {got}")
-        if scale.stride(2) != 1:
-            raise ValueError(f"{op}: {name} needs a unit stride on its last dim; pass {name}.contiguous()")
+        if scale.stride(2) != 1 or (contiguous and not scale.is_contiguous()):
+            need = "to be contiguous" if contiguous else "a unit stride on its last dim"
+            raise ValueError(f"{op}: {name} needs {need}; pass {name}.contiguous()")
         if scale.device != k_cache.device:
             raise ValueError(f"{op}: {name} is on {scale.device}, the caches on {k_cache.device}")
+    return True
 
 
 def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, topk: int) -> tuple[int, int, int]:

@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from kernels._common.validate import check_kv_scales
 from kernels.sparse_prefill.gluon_tile import (
     _CONSUMER_REGS,
     _META,
@@ -460,15 +461,10 @@ def _descriptors(q, k_cache, v_cache, out, group: int, block_n: int, q_tma: bool
 
 
 def _check_scales(k_cache, v_cache, k_scale, v_scale) -> None:
-    """One line naming the fix unless both caches are e4m3 with fp32 scales ``[P, Hkv, B]``."""
-    want = tuple(k_cache.shape[:3])
-    for name, cache, sc in (("k", k_cache, k_scale), ("v", v_cache, v_scale)):
-        if cache.dtype != torch.float8_e4m3fn:
-            raise ValueError(f"gluon Q8KV8: {name}_cache must be float8_e4m3fn like k_cache, got {cache.dtype}")
-        if sc is None or sc.dtype != torch.float32 or tuple(sc.shape) != want or not sc.is_contiguous():
-            got = None if sc is None else (sc.dtype, tuple(sc.shape))
-            raise ValueError(f"gluon Q8KV8: {name}_scale must be contiguous fp32 {list(want)} beside the e4m3 "
-                             f"{name}_cache (kernels/_common/fp8.py quantize_rows), got {got}")
+    """One line naming the fix unless both caches are e4m3 with contiguous fp32 scales ``[P, Hkv, B]``."""
+    if not check_kv_scales("gluon Q8KV8", k_cache, v_cache, k_scale, v_scale, contiguous=True):
+        raise ValueError(f"gluon Q8KV8: the K/V caches must be float8_e4m3fn, got {k_cache.dtype}; "
+                         "use launch_gluon_tile for bf16 caches")
 
 
 def launch_gluon_tile_fp8(plan: PrefillPlan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv,

@@ -32,6 +32,7 @@ import math
 import torch
 
 from kernels._common.fp8 import FP8, dequantize_rows, quantize_rows
+from kernels._common.validate import check_kv_scales
 
 _MAX_CHUNK_ELEMENTS = 1 << 24  # elements of the gathered K (and V) temporary per chunk
 _LOG2E = 1.4426950408889634
@@ -55,7 +56,7 @@ def sparse_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     """
     t_total, hq, d = q.shape
     _, hkv, block, _ = k_cache.shape
-    fp8 = _check_scales(k_cache, v_cache, k_scale, v_scale)
+    fp8 = check_kv_scales("sparse prefill reference", k_cache, v_cache, k_scale, v_scale)
     if q8kv8 and not fp8:
         raise ValueError("sparse_attention_reference: q8kv8=True models fp8 K/V; pass float8_e4m3fn caches "
                          "and their scales")
@@ -81,15 +82,6 @@ def sparse_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                 o, l = _chunk_attention(q[t0:t1], kv, topk_ids[t0:t1], pos, scale, group)
             out[t0:t1], lse[t0:t1] = o, l
     return out.to(q.dtype), lse
-
-
-def _check_scales(k_cache, v_cache, k_scale, v_scale) -> bool:
-    """Whether the caches are fp8 (then both scales are needed), one line otherwise."""
-    fp8 = k_cache.dtype == FP8
-    if (v_cache.dtype == FP8) != fp8 or (k_scale is not None) != fp8 or (v_scale is not None) != fp8:
-        raise ValueError("sparse prefill reference: float8_e4m3fn k_cache and v_cache go together with fp32 "
-                         "k_scale / v_scale [pages, Hkv, B], other caches with neither")
-    return fp8
 
 
 def _gather(k_cache, v_cache, k_scale, v_scale, pt_row, ids):
@@ -164,7 +156,7 @@ def dense_causal_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """
     t_total, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
-    _check_scales(k_cache, v_cache, k_scale, v_scale)
+    check_kv_scales("dense prefill reference", k_cache, v_cache, k_scale, v_scale)
     out = torch.zeros((t_total, hq, d), dtype=torch.float32, device=q.device)
     cq, lens = cu_seqlens_q.tolist(), seq_lens_kv.tolist()
     for r in range(len(lens)):

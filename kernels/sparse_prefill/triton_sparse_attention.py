@@ -41,7 +41,7 @@ FP8 (e4m3) K/V, Q8KV8 (``FP8``, both kernels; caches ``[pages, Hkv, B, d]`` e4m3
   ``tests/kernels/test_sparse_prefill_fp8.py``).
 
 Under the interpreter (``UPCAST``) the dot operands are fp32 and the e4m3 roundings of q and p are computed
-in fp32 (``kernels.indexer.triton_indexer._to_e4m3``: the interpreter's own fp32 -> fp8 cast is wrong where
+in fp32 (``kernels._common.triton_fp8._to_e4m3``: the interpreter's own fp32 -> fp8 cast is wrong where
 the rounding carries into the exponent), so the interpreter checks the same arithmetic.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.indexer.triton_indexer import _quantize_rows, _to_e4m3
+from kernels._common.triton_fp8 import _quantize_rows, _to_e4m3
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453

@@ -118,13 +118,13 @@ def test_rope_cache_fp8_values_and_bad_inputs():
         got = dequantize_rows(c8, s)[pages, :, offs]
         w = want[pages, :, offs]
         assert ((got - w).abs() <= w.abs().amax(-1, keepdim=True) / 16 + 1e-6).all()
-    with pytest.raises(ValueError, match="needs k_scale"):
+    with pytest.raises(ValueError, match="need k_scale and v_scale"):
         rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, impl="triton")
-    with pytest.raises(ValueError, match="FP8 caches only"):
+    with pytest.raises(ValueError, match="go with float8_e4m3fn K/V caches only"):
         rope_cache(qkv, cos, sin, fc, fv, pages, offs, hq, hkv, impl="torch", k_scale=ks, v_scale=vs)
-    with pytest.raises(ValueError, match="contiguous fp32"):
+    with pytest.raises(ValueError, match=r"must be fp32 \[num_pages, Hkv, B\]"):
         rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, k_scale=ks[:1], v_scale=vs)
-    with pytest.raises(ValueError, match="contiguous fp32"):
+    with pytest.raises(ValueError, match=r"must be fp32 \[num_pages, Hkv, B\]"):
         rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, k_scale=ks.to(BF16), v_scale=vs)
 
 

@@ -28,6 +28,13 @@ def test_fp8_settings_pair_against_their_bf16_twin():
     assert "| 0 / 2 (+50 +-" in md
 
 
+def test_an_msa_only_run_still_prints_its_paired_counts():
+    # no dense setting: msa has no baseline, msa@fp8 pairs against msa
+    md = "\n".join(needles.markdown(_rows("msa", [1, 0, 0, 1]) + _rows("msa@fp8", [1, 1, 0, 0])))
+    assert "msa@fp8: msa better / msa@fp8 better" in md and "| 1 / 1 (+0 +-" in md
+    assert "msa: dense better" not in md
+
+
 def test_fp8_preset_is_the_issue_cells():
     p = PRESETS["fp8"].needles
     assert p is not None and p.settings == ("dense", "dense@fp8", "msa", "msa@fp8")

@@ -269,10 +269,10 @@ def test_gluon_q8kv8_rare_pass_merges_into_the_tile_output():
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(k_scale=None), "k_scale must be contiguous fp32"),
-    (dict(v_scale="half"), "v_scale must be contiguous fp32"),
-    (dict(v_cache="bf16"), "v_cache must be float8_e4m3fn"),
-    (dict(k_cache="bf16", v_cache="bf16"), "k_cache must be float8_e4m3fn"),  # scales with bf16 caches
+    (dict(k_scale=None), "need k_scale and v_scale"),
+    (dict(v_scale="half"), r"v_scale must be fp32 \[num_pages, Hkv, B\]"),
+    (dict(v_cache="bf16"), "K and V caches must both be float8_e4m3fn or neither"),
+    (dict(k_cache="bf16", v_cache="bf16"), "go with float8_e4m3fn K/V caches only"),  # scales with bf16 caches
 ])
 def test_q8kv8_mixed_inputs_are_one_line_value_errors(change, match):
     # (checked before anything touches a GPU: runs on the CPU)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from kernels._common.fp8 import dequantize_rows
+from kernels._common.triton_fp8 import _round_e4m3_kernel
 from kernels.decode import dequantized_index_queries, quantize_index_keys
 from kernels.indexer import launch, msa_indexer, naive, plan_indexer
-from kernels.indexer.triton_indexer import _round_e4m3_kernel
 from kernels.testing import assert_close
 
 CUDA = torch.cuda.is_available()
