@@ -16,9 +16,10 @@ history pages that fp8 keys also pick, on random keys and on keys with planted m
 
 The ``fp8`` preset (FP8 K/V, issue 22) times in one call, per batch: the MSA step (indexer + sparse
 attention) with bf16 K/V and bf16 index keys, with fp8 K/V (bf16 index keys), and with fp8 K/V and fp8
-index keys; the sparse attention alone and our dense decode with bf16 K/V, fp8 K/V widened to fp16 (the
+or int8 index keys (``kernels/decode/int8.py``: the same bytes, closer selections); the sparse attention
+alone and our dense decode with bf16 K/V, fp8 K/V widened to fp16 (the
 plan's default) and fp8 K/V on the e4m3 x e4m3 dots (``kv_fp8_dot=True``), and on a GPU the fp8 attention
-at other pipeline depths (``_stagesN``; the plan's choice is the bf16 one, 3 sparse / 2 dense). Ratios are
+at other pipeline depths (``_stagesN``; the plan's choice: ``plan.FP8_ATTN_STAGES``). Ratios are
 bf16 time / fp8 time (goal: MSA step >= 1.7x); bandwidth counts the bytes actually read: fp8 K/V = tokens x
 (K and V x d x 1 + two fp32 scales).
 
@@ -36,7 +37,7 @@ import torch
 
 from benchmarks.kernels.prefill import Shape
 from kernels._common.fp8 import FP8, quantize_rows
-from kernels.decode import DecodeTuning, DenseDecodePlan, MSADecodePlan, quantize_index_keys
+from kernels.decode import DecodeTuning, DenseDecodePlan, MSADecodePlan, quantize_index_keys, quantize_int8_rows
 
 GIB = 1 << 30
 L2_BYTES = 60 << 20  # the L2 size the cold-cache rotation assumes (H200)
@@ -129,7 +130,8 @@ def copy_bandwidth() -> float:
 
 
 class Cell:
-    """Paged caches for one (batch, ctx): bf16 and fp8 index keys, ``n_rot`` disjoint page tables."""
+    """Paged caches for one (batch, ctx): bf16 and fp8 index keys (``fp8_kv``: fp8 K/V and int8 index keys too),
+    ``n_rot`` disjoint page tables."""
 
     def __init__(self, s: Shape, batch: int, ctx: int, n_rot: int, dev: str, seed: int = 0, fp8_kv: bool = False):
         gen = torch.Generator(device=dev).manual_seed(seed)
@@ -147,6 +149,10 @@ class Cell:
         for i in range(0, num_pages, 4096):
             self.k8[i:i + 4096], self.k8_scale[i:i + 4096] = quantize_index_keys(self.k_idx[i:i + 4096])
         if fp8_kv:  # e4m3 K/V + fp32 scales [P, Hkv, B] by the shared rule, in chunks like the index keys
+            self.ki8 = torch.empty(self.k_idx.shape, dtype=torch.int8, device=dev)  # and int8 index keys
+            self.ki8_scale = torch.empty(self.k_idx.shape[:2], dtype=torch.float32, device=dev)
+            for i in range(0, num_pages, 4096):
+                self.ki8[i:i + 4096], self.ki8_scale[i:i + 4096] = quantize_int8_rows(self.k_idx[i:i + 4096])
             self.kv8 = []
             for cache in (self.k_cache, self.v_cache):
                 x8 = torch.empty(cache.shape, dtype=FP8, device=dev)
@@ -250,10 +256,12 @@ def fp8_row(s: Shape, batch: int, ctx: int, q_len: int, cuda: bool, copy_bw: flo
     msa8 = plans(MSADecodePlan, **idx, kv_dtype=FP8)
     msa8d = plans(MSADecodePlan, **idx, kv_dtype=FP8, kv_fp8_dot=True)
     msa88 = plans(MSADecodePlan, **idx, kv_dtype=FP8, index_dtype=FP8)
+    msa8i = plans(MSADecodePlan, **idx, kv_dtype=FP8, index_dtype=torch.int8)
     times = {
         "step_bf16": [lambda m=m: m.run(q, q_idx, kc, vc, cell.k_idx) for m in msa],
         "step_fp8kv": [lambda m=m: m.run(q, q_idx, k8, v8, cell.k_idx, **fp8) for m in msa8],
         "step_fp8kv_fp8idx": [lambda m=m: m.run(q, q_idx, k8, v8, cell.k8, cell.k8_scale, **fp8) for m in msa88],
+        "step_fp8kv_int8idx": [lambda m=m: m.run(q, q_idx, k8, v8, cell.ki8, cell.ki8_scale, **fp8) for m in msa8i],
     }
     t = {name: graph_time(fns, cuda) for name, fns in times.items()}
     for group in (msa, msa8, msa8d):
@@ -292,11 +300,12 @@ def fp8_row(s: Shape, batch: int, ctx: int, q_len: int, cuda: bool, copy_bw: flo
         if name in n_bytes:
             row[f"{name}_tb_s"] = round(n_bytes[name] / sec / 1e12, 2)
             row[f"{name}_pct_copy"] = round(100 * n_bytes[name] / sec / copy_bw, 1) if copy_bw else None
-    for name in ("step_fp8kv", "step_fp8kv_fp8idx", "sparse_fp8", "sparse_fp8dot", "dense_fp8",
+    for name in ("step_fp8kv", "step_fp8kv_fp8idx", "step_fp8kv_int8idx", "sparse_fp8", "sparse_fp8dot", "dense_fp8",
                  "dense_fp8dot"):
         base = "step_bf16" if name.startswith("step") else name.split("_fp8")[0] + "_bf16"
         row[f"ratio_{name}"] = f"{t[base] / t[name]:.2f}x"
     row.update(goal_step_1_7x=t["step_bf16"] / t["step_fp8kv_fp8idx"] >= 1.7,
+               goal_step_1_7x_int8idx=t["step_bf16"] / t["step_fp8kv_int8idx"] >= 1.7,
                splits=f"sparse {msa8[0].attention_launch.splits}",
                copy_tb_s=round(copy_bw / 1e12, 2) if copy_bw else None)
     return row

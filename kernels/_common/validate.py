@@ -17,7 +17,8 @@ from kernels._common.device import interpreting
 IMPLS = ("auto", "triton", "torch")
 MAX_Q_LEN = 16  # decode: one main token plus drafts
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-INDEX_KEY_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn,)
+INDEX_KEY_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn, torch.int8)  # (int8: decode only)
+SCALED_INDEX_KEYS = (torch.float8_e4m3fn, torch.int8)  # one fp32 scale per token beside the keys
 KV_CACHE_DTYPES = FLOAT_DTYPES + (torch.float8_e4m3fn,)  # decode K/V: fp8 with per-token fp32 scales
 
 
@@ -236,19 +237,21 @@ def check_kv_scales(op: str, k_cache, v_cache, k_scale, v_scale, contiguous: boo
 
 
 def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, topk: int) -> tuple[int, int, int]:
-    """q_idx ``[T, H, d_idx]``, k_idx_cache ``[P, B, d_idx]`` (+ scale ``[P, B]`` for fp8); returns (H, B, d_idx)."""
+    """q_idx ``[T, H, d_idx]``, k_idx_cache ``[P, B, d_idx]`` (+ scale ``[P, B]`` for fp8 / int8 keys); returns
+    (H, B, d_idx)."""
     if k_idx_cache.dim() != 3:
         raise ValueError(f"{op}: k_idx_cache must be [num_pages, B, d_idx], got shape {tuple(k_idx_cache.shape)}")
     if k_idx_cache.dtype not in INDEX_KEY_DTYPES:
-        raise ValueError(f"{op}: k_idx_cache dtype must be bf16, fp16, fp32 or float8_e4m3fn, got {k_idx_cache.dtype}")
+        raise ValueError(f"{op}: k_idx_cache dtype must be bf16, fp16, fp32, float8_e4m3fn or int8, got "
+                         f"{k_idx_cache.dtype}")
     if k_idx_cache.stride(2) != 1:
         raise ValueError(f"{op}: k_idx_cache last dim must be contiguous")
     _, page, d_idx = k_idx_cache.shape
     check_query(op, "q_idx", q_idx, tokens, None, d_idx)
-    is_fp8 = k_idx_cache.dtype == torch.float8_e4m3fn
+    is_fp8 = k_idx_cache.dtype in SCALED_INDEX_KEYS
     if is_fp8 != (k_idx_scale is not None):
-        raise ValueError(f"{op}: k_idx_scale ([num_pages, B] fp32) is required with float8_e4m3fn index keys "
-                         "and only then")
+        raise ValueError(f"{op}: k_idx_scale ([num_pages, B] fp32) is required with float8_e4m3fn or int8 index "
+                         "keys and only then")
     if is_fp8 and (k_idx_scale.dtype != torch.float32 or tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2])
                    or k_idx_scale.stride(1) != 1):
         raise ValueError(f"{op}: k_idx_scale must be fp32 [num_pages, B] = {tuple(k_idx_cache.shape[:2])} with "

@@ -32,5 +32,6 @@ class IndexerLaunch:
     num_stages: int
     fp8_keys: bool
     fp8_dot: bool  # e4m3 x e4m3 dot, queries rounded to e4m3 per row inside the kernel
+    int8_keys: bool  # int8 keys with per-token scales: int8 x int8 dot, queries rounded to int8 per row
     dot_fp32: bool
     precision: str

@@ -26,6 +26,8 @@ import torch
 
 from kernels._common.fp8 import FP8, dequantize_rows
 
+from .int8 import dequantized_int8_queries
+
 
 def _positions(seq_lens: torch.Tensor, q_len: int) -> torch.Tensor:
     """int64 ``[R, q_len]`` causal position of every query token."""
@@ -44,8 +46,12 @@ def decode_indexer_ref(
 ) -> torch.Tensor:
     """Top-k logical page ids, int32 ``[T, H, topk]`` token-major, local page last, -1 padded.
 
-    q_idx ``[T, H, d_idx]`` (H = one index head per KV group); k_idx_cache ``[P, B, d_idx]``.
+    q_idx ``[T, H, d_idx]`` (H = one index head per KV group); k_idx_cache ``[P, B, d_idx]``; scaled keys
+    (fp8 / int8) times ``k_idx_scale [P, B]``. int8 keys score the queries rounded to int8 per row
+    (``kernels/decode/int8.py``), as the kernel does.
     """
+    if k_idx_cache.dtype == torch.int8:
+        q_idx = dequantized_int8_queries(q_idx)
     num_req = seq_lens.shape[0]
     page = k_idx_cache.shape[1]
     heads = q_idx.shape[1]

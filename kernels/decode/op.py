@@ -20,7 +20,7 @@ def msa_decode_indexer(
 ) -> torch.Tensor:
     """Top-k logical pages per (query token, index head): int32 ``[R*q_len, H, topk]``, own page last, -1 padded.
 
-    q_idx ``[R*q_len, H, d_idx]`` (H = Hkv); k_idx_cache ``[P, B, d_idx]`` (float8_e4m3fn needs the
+    q_idx ``[R*q_len, H, d_idx]`` (H = Hkv); k_idx_cache ``[P, B, d_idx]`` (float8_e4m3fn and int8 need the
     per-token fp32 ``k_idx_scale [P, B]``); page_table int32 ``[R, max_pages]``; seq_lens int32 ``[R]``.
     """
     op = "msa_decode_indexer"

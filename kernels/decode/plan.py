@@ -8,7 +8,8 @@
   interpreter that emulates the fp8 dots' rounding); FP8 needs compute capability >= 8.9
   (``kernels._common.fp8.require_fp8``);
 * the index keys, at construction (``index_dtype``): float8_e4m3fn keys score with the e4m3 x e4m3
-  tensor-core dot on a GPU (``index_fp8_dot=False`` or the interpreter: widened to fp16);
+  tensor-core dot on a GPU (``index_fp8_dot=False`` or the interpreter: widened to fp16); int8 keys
+  (``kernels/decode/int8.py``) always with the int8 x int8 dot, the queries rounded to int8 per row;
 * split counts, rows per program, warps and stages, when ``plan()`` sees new sizes (R, max_pages,
   q_len): from the sizes and the multiprocessor count only, never from lengths, so a CUDA graph
   captured once replays for any lengths that fit the page table. They land in frozen
@@ -55,6 +56,10 @@ INDEX_SHARED_BYTES = 160 << 10  # pipelined index-key pages stay within this muc
 # dot (q_len 1, G = 16) to the same fp16 mma.sync after the same conversion, so the fp8 dot saves nothing there;
 # only >= 64-row tiles (dense with MTP) get the e4m3 wgmma. `--preset fp8` / `fp8mtp` time both.
 KV_FP8_DOT = False
+# fp8 K/V pages are half the bytes: deeper attention pipelines keep as many bytes in flight. Measured on an H200
+# (M3, 128K, batch 64, q_len 1; `--preset fp8` sweeps 2 / 4 / 6): 6 stages gave sparse 58.2 us against 64.5 at 3
+# and dense 2820 us against 3356 at 2. Applied to the tiles of at most 32 rows that were measured.
+FP8_ATTN_STAGES = 6
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,8 @@ class _DecodePlanBase:
 
     def _attention_launch(self, splits: int, rows: int, row_blocks: int, warps: int, stages: int) -> AttentionLaunch:
         t = self.tuning
+        if self.kv_fp8 and rows <= 32:
+            stages = FP8_ATTN_STAGES
         return AttentionLaunch(splits=t.attn_splits or splits, rows=rows, row_blocks=row_blocks,
                                num_warps=t.attn_warps or warps, num_stages=t.attn_stages or stages,
                                dot_fp32=self.interpret, precision=dot_precision(self.dtype, self.interpret),
@@ -233,7 +240,7 @@ class MSADecodePlan(_DecodePlanBase):
     """MSA decode step: paged indexer (top-k pages per token and KV group) then sparse attention.
 
     Extra sizes: ``topk`` (pages per query, own page included), ``index_dim`` (d_idx), ``index_dtype``
-    of the index keys (default: ``dtype``; float8_e4m3fn keys come with a per-token fp32 scale); one
+    of the index keys (default: ``dtype``; float8_e4m3fn and int8 keys come with a per-token fp32 scale); one
     index head per KV group. ``run_indexer`` writes ``self.topk_ids`` int32 [R*q_len, Hkv, topk].
     """
 
@@ -249,9 +256,10 @@ class MSADecodePlan(_DecodePlanBase):
             raise ValueError(f"index_dim must be a power of two >= 16, got {index_dim}")
         self.index_dtype = index_dtype or self.dtype
         if self.index_dtype not in validate.INDEX_KEY_DTYPES:
-            raise ValueError(f"index_dtype must be bf16, fp16, fp32 or float8_e4m3fn, got {self.index_dtype}")
+            raise ValueError(f"index_dtype must be bf16, fp16, fp32, float8_e4m3fn or int8, got {self.index_dtype}")
         self.topk, self.index_dim = topk, index_dim
         self.fp8_keys = self.index_dtype == torch.float8_e4m3fn
+        self.int8_keys = self.index_dtype == torch.int8
         self.fp8_dot = self.fp8_keys and index_fp8_dot and not self.interpret
 
     def _allocate(self, num_req: int, max_pages: int, q_len: int) -> None:
@@ -272,18 +280,19 @@ class MSADecodePlan(_DecodePlanBase):
         t = self.tuning
         # split the history pages of a request so that batch 1 still fills the GPU
         splits = max(1, min(MAX_INDEXER_SPLITS, max_pages, _pow2_floor(target_programs(self.device) // num_req)))
-        ppi = t.pages_per_iter or (1 if self.fp8_dot else 2)
-        key_bytes = torch.finfo(self.index_dtype).bits // 8
+        ppi = t.pages_per_iter or (1 if self.fp8_dot or self.int8_keys else 2)
+        key_bytes = self.index_dtype.itemsize
         stages = max(1, min(3, INDEX_SHARED_BYTES // (ppi * self.page_size * self.index_dim * key_bytes)))
-        q_dtype = torch.float16 if self.fp8_keys else self.index_dtype
+        q_dtype = torch.float16 if self.fp8_keys or self.int8_keys else self.index_dtype
         return IndexerLaunch(splits=t.index_splits or splits, rows=max(16, _next_pow2(q_len * self.num_kv_heads)),
                              keep=_next_pow2(self.topk - 1), pages_per_iter=ppi, num_warps=t.index_warps or 4,
                              num_stages=t.index_stages or stages, fp8_keys=self.fp8_keys, fp8_dot=self.fp8_dot,
+                             int8_keys=self.int8_keys,
                              dot_fp32=self.interpret, precision=dot_precision(q_dtype, self.interpret))
 
     def run_indexer(self, q_idx: torch.Tensor, k_idx_cache: torch.Tensor,
                     k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """q_idx [R*q_len, Hkv, d_idx]; k_idx_cache [P, B, d_idx] (fp8 needs k_idx_scale [P, B])."""
+        """q_idx [R*q_len, Hkv, d_idx]; k_idx_cache [P, B, d_idx] (fp8 / int8 need k_idx_scale [P, B])."""
         num_req, _, q_len = self._need_plan()
         heads, page, d_idx = validate.check_index_tensors(self.op, q_idx, k_idx_cache, k_idx_scale,
                                                           num_req * q_len, self.topk)

@@ -34,7 +34,7 @@ def _indexer_split_kernel(
     q_len, num_splits,
     H: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, ROWS: tl.constexpr,
     KEEP: tl.constexpr, KP: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr,
-    PREC: tl.constexpr, PPI: tl.constexpr, FP8_DOT: tl.constexpr,
+    PREC: tl.constexpr, PPI: tl.constexpr, FP8_DOT: tl.constexpr, INT8_DOT: tl.constexpr,
 ):
     r = tl.program_id(0)
     s = tl.program_id(1)
@@ -57,7 +57,13 @@ def _indexer_split_kernel(
         mask=row_ok[:, None], other=0.0,
     )
     q_scale = tl.full([ROWS], 1.0, tl.float32)
-    if DOT_FP32:
+    if INT8_DOT:  # int8 keys: q rounded to int8 per row (kernels/decode/int8.py), exact int32 dot
+        qf = q.to(tl.float32)
+        q_scale = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-12) / 127.0
+        q = (tl.div_rn(qf, q_scale[:, None]) + 12582912.0) - 12582912.0  # to nearest, ties to even
+        if not DOT_FP32:
+            q = q.to(tl.int8)
+    elif DOT_FP32:
         q = q.to(tl.float32)
     elif FP8_DOT:  # e4m3 x e4m3 tensor-core dot: q quantised per row (a positive row factor: same ranking)
         qf = q.to(tl.float32)
@@ -83,9 +89,12 @@ def _indexer_split_kernel(
                        mask=tok_ok[:, None], other=0.0)
         if DOT_FP32:
             keys = keys.to(tl.float32)
-        elif not FP8_DOT:
+        elif not (FP8_DOT or INT8_DOT):
             keys = keys.to(q.dtype)
-        dots = tl.dot(keys, tl.trans(q), input_precision=PREC)  # [PPI * PAGE, ROWS] fp32
+        if INT8_DOT and not DOT_FP32:
+            dots = tl.dot(keys, tl.trans(q), out_dtype=tl.int32).to(tl.float32)  # exact
+        else:
+            dots = tl.dot(keys, tl.trans(q), input_precision=PREC)  # [PPI * PAGE, ROWS] fp32
         if HAS_SCALE:
             tscale = tl.load(scale_ptr + phys * stride_sp + in_page, mask=tok_ok, other=0.0)
             dots = dots * tscale[:, None]
@@ -150,15 +159,16 @@ def launch_indexer(q_idx, k_idx_cache, k_idx_scale, page_table, seq_lens, q_len,
     ws_val fp32 / ws_id int32 [T, H, splits, keep] with keep = next_pow2(topk - 1)."""
     heads, d_idx = q_idx.shape[1], q_idx.shape[2]
     page = k_idx_cache.shape[1]
-    scale = k_idx_scale if launch.fp8_keys else seq_lens  # dummy pointer when unused
+    scaled = launch.fp8_keys or launch.int8_keys
+    scale = k_idx_scale if scaled else seq_lens  # dummy pointer when unused
     _indexer_split_kernel[(seq_lens.shape[0], launch.splits)](
         q_idx, k_idx_cache, scale, page_table, seq_lens, ws_val, ws_id,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1),
-        scale.stride(0) if launch.fp8_keys else 0, page_table.stride(0),
+        scale.stride(0) if scaled else 0, page_table.stride(0),
         q_len, launch.splits,
         H=heads, D=d_idx, PAGE=page, ROWS=launch.rows, KEEP=topk - 1, KP=launch.keep,
-        HAS_SCALE=launch.fp8_keys, DOT_FP32=launch.dot_fp32, PREC=launch.precision,
-        PPI=launch.pages_per_iter, FP8_DOT=launch.fp8_dot,
+        HAS_SCALE=scaled, DOT_FP32=launch.dot_fp32, PREC=launch.precision,
+        PPI=launch.pages_per_iter, FP8_DOT=launch.fp8_dot, INT8_DOT=launch.int8_keys,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     _indexer_merge_kernel[(q_idx.shape[0], heads)](

@@ -11,7 +11,9 @@ from kernels.decode import (
     decode_indexer_ref,
     dense_decode_attention_ref,
     dequantized_index_queries,
+    dequantized_int8_queries,
     quantize_index_keys,
+    quantize_int8_rows,
     sparse_decode_attention_ref,
 )
 from kernels.indexer.naive import paged_block_scores
@@ -109,6 +111,21 @@ def test_fp8_dot_indexer_matches_reference_with_quantized_queries(q_len, ppi, wa
     ids = plan.run_indexer(case.q_idx, k8, scale)
     q_deq = dequantized_index_queries(case.q_idx)
     ref = decode_indexer_ref(q_deq, k8, case.page_table, case.seq_lens, q_len, TOPK, k_idx_scale=scale)
+    assert_ids_close(ref, ids, replace(case, q_idx=q_deq), keys=k8, scale=scale)
+
+
+@pytest.mark.parametrize("q_len,ppi", [(1, None), (8, None), (1, 2)])
+def test_int8_index_keys_match_reference_with_int8_queries(q_len, ppi):
+    """int8 keys: the int8 x int8 tensor-core dot with queries rounded to int8 per row; the reference scores
+    the same rounded queries."""
+    case = gpu_case(q_len, seed=70 + q_len)
+    k8, scale = quantize_int8_rows(case.k_idx_cache)
+    plan = msa_plan(index_dtype=torch.int8, tuning=DecodeTuning(pages_per_iter=ppi))
+    plan.plan(case.seq_lens, case.page_table, q_len)
+    plan.topk_ids.fill_(-7)
+    ids = plan.run_indexer(case.q_idx, k8, scale)
+    q_deq = dequantized_int8_queries(case.q_idx)
+    ref = decode_indexer_ref(case.q_idx, k8, case.page_table, case.seq_lens, q_len, TOPK, k_idx_scale=scale)
     assert_ids_close(ref, ids, replace(case, q_idx=q_deq), keys=k8, scale=scale)
 
 

@@ -2,7 +2,15 @@
 import pytest
 import torch
 
-from kernels.decode import DecodeTuning, MSADecodePlan, decode_indexer_ref, msa_decode_indexer, quantize_index_keys
+from kernels.decode import (
+    DecodeTuning,
+    MSADecodePlan,
+    decode_indexer_ref,
+    dequantized_int8_queries,
+    msa_decode_indexer,
+    quantize_index_keys,
+    quantize_int8_rows,
+)
 from kernels.testing import POISON_KEY, assert_close, decode_case
 
 SENTINEL = -7  # no valid output value: proves every output slot was written
@@ -83,6 +91,35 @@ def test_indexer_fp8_keys_match_reference_on_same_quantized_keys():
     assert plan.indexer_launch.fp8_keys and not plan.indexer_launch.fp8_dot  # the interpreter widens to fp16
     ref = decode_indexer_ref(case.q_idx, k8, case.page_table, case.seq_lens, q_len, topk, k_idx_scale=scale)
     assert_close("ids", ref, ids)
+
+
+@pytest.mark.parametrize("ppi", [1, 2])
+def test_indexer_int8_keys_match_reference_with_int8_queries(ppi):
+    # the kernel rounds q to int8 per row and dots exactly; the reference scores the same rounded q
+    page, topk, q_len = 64, 5, 8
+    case = _case([9, 900, 400, 1300], q_len, 2, 32, seed=11, max_pages=30, poison=True)
+    k8, scale = quantize_int8_rows(case.k_idx_cache)
+    assert k8.dtype == torch.int8 and scale.shape == case.k_idx_cache.shape[:2]
+    plan, ids = run_plan(case, page, topk, splits=3, k_idx_scale=scale, keys=k8, pages_per_iter=ppi)
+    assert plan.indexer_launch.int8_keys
+    ref = decode_indexer_ref(case.q_idx, k8, case.page_table, case.seq_lens, q_len, topk, k_idx_scale=scale)
+    assert_close("ids", ref, ids)
+    # the rounding of q is part of the rule: scoring unrounded q picks other pages somewhere
+    q_deq = dequantized_int8_queries(case.q_idx)
+    assert torch.equal(ref, decode_indexer_ref(q_deq, k8, case.page_table, case.seq_lens, q_len, topk,
+                                               k_idx_scale=scale))
+    assert (q_deq - case.q_idx.float()).abs().max() > 0
+
+
+def test_int8_rule_rounds_to_nearest_and_keeps_the_row_max():
+    x = torch.tensor([[1.0, -0.5, 0.25, 0.0], [3.0, 2.9, -3.0, 1e-3]])
+    x8, scale = quantize_int8_rows(x)
+    assert x8.abs().amax(-1).tolist() == [127, 127]
+    assert torch.allclose(scale, x.abs().amax(-1) / 127)
+    assert x8[0].tolist() == [127, -64, 32, 0]  # 63.5 -> 64 (even), 31.75 -> 32
+    assert ((x8.float() * scale[:, None] - x).abs() <= scale[:, None] / 2 + 1e-7).all()
+    with pytest.raises(ValueError, match="bf16/fp16/fp32"):
+        quantize_int8_rows(x8)
 
 
 def test_plain_function_auto_on_cpu_is_the_reference():

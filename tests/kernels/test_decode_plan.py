@@ -76,6 +76,18 @@ def test_plan_makes_the_choices_once():
     ix, at = fp8.indexer_launch, fp8.attention_launch
     assert (ix.fp8_keys, ix.fp8_dot, ix.dot_fp32, ix.pages_per_iter, ix.keep) == (True, False, True, 4, 16)
     assert (at.num_stages, at.num_warps, at.dot_fp32, at.precision) == (2, 4, True, "ieee")
+    # pipeline depth: fp8 K/V pages take the deeper FP8 pipeline on the small tiles, bf16 keeps its depths
+    fp8kv = {"kv_dtype": torch.float8_e4m3fn, "device": "cpu", "impl": "triton"}
+    for cls, bf16_stages in ((MSADecodePlan, plan_mod.SPARSE_STAGES), (DenseDecodePlan, 2)):
+        p16, p8 = cls(6, 2, 64, PAGE, device="cpu", impl="triton"), cls(6, 2, 64, PAGE, **fp8kv)
+        for p in (p16, p8):
+            p.plan(case.seq_lens, case.page_table, 1)
+        assert (p16.attention_launch.num_stages, p8.attention_launch.num_stages) == \
+            (bf16_stages, plan_mod.FP8_ATTN_STAGES)
+    i8 = MSADecodePlan(6, 2, 64, PAGE, topk=4, index_dim=32, device="cpu", impl="triton", index_dtype=torch.int8)
+    i8.plan(case.seq_lens, case.page_table, 1)
+    assert (i8.indexer_launch.int8_keys, i8.indexer_launch.fp8_keys, i8.indexer_launch.pages_per_iter) == \
+        (True, False, 1)
     dense = DenseDecodePlan(6, 2, 64, PAGE, device="cpu", impl="triton")
     dense.plan(case.seq_lens, case.page_table, 16)  # 16 tokens x 3 heads = 48 rows -> one 64-row block
     assert (dense.attention_launch.rows, dense.attention_launch.row_blocks, dense.attention_launch.num_warps) == \
@@ -125,4 +137,4 @@ def test_constructor_rejects_bad_sizes():
     with pytest.raises(ValueError, match="impl must be"):
         DenseDecodePlan(6, 2, 64, PAGE, device="cpu", impl="cuda")
     with pytest.raises(ValueError, match="index_dtype must be"):
-        MSADecodePlan(6, 2, 64, PAGE, device="cpu", index_dtype=torch.int8)
+        MSADecodePlan(6, 2, 64, PAGE, device="cpu", index_dtype=torch.int16)
