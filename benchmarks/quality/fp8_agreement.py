@@ -26,7 +26,7 @@ class Agreement:
     lengths: tuple[int, ...]
     prompts: int = 2  # per length, each at its own offset
     topks: tuple[int, ...] = (16, 4)
-    variants: tuple[str, ...] = ("fp32", "fp8_keys", "fp8_dot")
+    variants: tuple[str, ...] = ("fp32", "fp8_keys", "fp8_dot", "int8_dot")
     attention: str = "msa"
     model: str = "smollm2-135m"
     seed: int = 42  # essay order

@@ -16,7 +16,10 @@ the own block forced) from bf16-rounded q and k (the baseline: what a bf16 engin
 * `fp8_keys_g32` / `fp8_dot_g32` (not in the default list): one scale per 32-dim sub-block of each key (and
   query) instead of per token: a finer scale, for the issue's "below that, a finer scale" question;
 * `fp8_keys_had` / `fp8_dot_had` (not in the default list): q and k rotated by one orthonormal Hadamard matrix
-  before e4m3 (q . k unchanged; outlier dims spread over all dims).
+  before e4m3 (q . k unchanged; outlier dims spread over all dims);
+* `int8_dot`: the same bytes in int8 (`kernels.decode.int8`: one fp32 scale per key token, q rounded to int8 per
+  (token, head) row), what the decode indexer scores with `index_dtype=torch.int8`; `int8_keys` (not in the
+  default list): bf16 q against int8 keys.
 
 Per variant and top-k, counts summed over layers (and prompts, by `summarize`): `agreement` = sum |sel ∩ sel_bf16|
 / sum |sel_bf16| over every row (own block included, as the selection holds it; early rows with fewer
@@ -35,6 +38,7 @@ import torch
 
 from kernels._common.fp8 import dequantize_rows, quantize_rows
 from kernels.decode.fp8 import dequantized_index_queries, quantize_index_keys
+from kernels.decode.int8 import dequantized_int8_queries, quantize_int8_rows
 from kernels.indexer.naive import select_blocks
 
 Counts = dict[str, float]
@@ -43,6 +47,11 @@ LayerCounts = dict[str, dict[int, Counts]]
 
 def _fp8_keys(k: torch.Tensor) -> torch.Tensor:
     return dequantize_rows(*quantize_index_keys(k))
+
+
+def _int8_keys(k: torch.Tensor) -> torch.Tensor:
+    k8, scale = quantize_int8_rows(k)
+    return k8.float() * scale[..., None]
 
 
 def _fp8_groups(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -79,9 +88,11 @@ VARIANT_INPUTS: dict[str, _Make] = {
     # q and k rotated by one orthonormal Hadamard matrix before e4m3 (q . k unchanged): outlier dims spread
     "fp8_keys_had": lambda q, k, qb, kb: (_rotated(qb), _fp8_keys(_rotated(kb))),
     "fp8_dot_had": lambda q, k, qb, kb: (dequantized_index_queries(_rotated(qb)), _fp8_keys(_rotated(kb))),
+    "int8_keys": lambda q, k, qb, kb: (qb, _int8_keys(kb)),
+    "int8_dot": lambda q, k, qb, kb: (dequantized_int8_queries(qb), _int8_keys(kb)),
 }
-VARIANTS = ("fp32", "fp8_keys", "fp8_dot")  # the default report
-FINER = ("fp8_keys_g32", "fp8_dot_g32", "fp8_keys_had", "fp8_dot_had")
+VARIANTS = ("fp32", "fp8_keys", "fp8_dot", "int8_dot")  # the default report
+FINER = ("fp8_keys_g32", "fp8_dot_g32", "fp8_keys_had", "fp8_dot_had", "int8_keys")
 
 
 def capture_index_qk(llm, prompt_ids: Sequence[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
