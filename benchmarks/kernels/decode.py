@@ -129,6 +129,16 @@ def copy_bandwidth() -> float:
     return 4 * GIB / t
 
 
+def _chunked(quantize, x: torch.Tensor, dtype: torch.dtype, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize(x)`` (codes ``dtype``, fp32 scale per row) ``chunk`` pages at a time: the fp32 temporaries of a
+    whole 128K x batch 128 cache would not fit."""
+    codes = torch.empty(x.shape, dtype=dtype, device=x.device)
+    scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    for i in range(0, x.shape[0], chunk):
+        codes[i:i + chunk], scale[i:i + chunk] = quantize(x[i:i + chunk])
+    return codes, scale
+
+
 class Cell:
     """Paged caches for one (batch, ctx): bf16 and fp8 index keys (``fp8_kv``: fp8 K/V and int8 index keys too),
     ``n_rot`` disjoint page tables."""
@@ -143,23 +153,10 @@ class Cell:
 
         self.k_cache, self.v_cache = rnd(num_pages, s.hkv, s.block, s.d), rnd(num_pages, s.hkv, s.block, s.d)
         self.k_idx = rnd(num_pages, s.block, s.d_idx)
-        # quantized in chunks: the fp32 temporaries of a whole 128K x batch 128 cache would not fit
-        self.k8 = torch.empty(self.k_idx.shape, dtype=torch.float8_e4m3fn, device=dev)
-        self.k8_scale = torch.empty(self.k_idx.shape[:2], dtype=torch.float32, device=dev)
-        for i in range(0, num_pages, 4096):
-            self.k8[i:i + 4096], self.k8_scale[i:i + 4096] = quantize_index_keys(self.k_idx[i:i + 4096])
-        if fp8_kv:  # e4m3 K/V + fp32 scales [P, Hkv, B] by the shared rule, in chunks like the index keys
-            self.ki8 = torch.empty(self.k_idx.shape, dtype=torch.int8, device=dev)  # and int8 index keys
-            self.ki8_scale = torch.empty(self.k_idx.shape[:2], dtype=torch.float32, device=dev)
-            for i in range(0, num_pages, 4096):
-                self.ki8[i:i + 4096], self.ki8_scale[i:i + 4096] = quantize_int8_rows(self.k_idx[i:i + 4096])
-            self.kv8 = []
-            for cache in (self.k_cache, self.v_cache):
-                x8 = torch.empty(cache.shape, dtype=FP8, device=dev)
-                scale = torch.empty(cache.shape[:3], dtype=torch.float32, device=dev)
-                for i in range(0, num_pages, 1024):
-                    x8[i:i + 1024], scale[i:i + 1024] = quantize_rows(cache[i:i + 1024])
-                self.kv8 += [x8, scale]
+        self.k8, self.k8_scale = _chunked(quantize_index_keys, self.k_idx, FP8, 4096)
+        if fp8_kv:  # e4m3 K/V + fp32 scales [P, Hkv, B] by the shared rule; int8 index keys
+            self.ki8, self.ki8_scale = _chunked(quantize_int8_rows, self.k_idx, torch.int8, 4096)
+            self.kv8 = [t for c in (self.k_cache, self.v_cache) for t in _chunked(quantize_rows, c, FP8, 1024)]
         perm = torch.randperm(num_pages - 1, generator=gen, device=dev).to(torch.int32)
         n = batch * pages_per_req
         self.tables = [perm[j * n:(j + 1) * n].view(batch, pages_per_req) for j in range(n_rot)]

@@ -248,15 +248,15 @@ def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, t
         raise ValueError(f"{op}: k_idx_cache last dim must be contiguous")
     _, page, d_idx = k_idx_cache.shape
     check_query(op, "q_idx", q_idx, tokens, None, d_idx)
-    is_fp8 = k_idx_cache.dtype in SCALED_INDEX_KEYS
-    if is_fp8 != (k_idx_scale is not None):
+    scaled = k_idx_cache.dtype in SCALED_INDEX_KEYS
+    if scaled != (k_idx_scale is not None):
         raise ValueError(f"{op}: k_idx_scale ([num_pages, B] fp32) is required with float8_e4m3fn or int8 index "
                          "keys and only then")
-    if is_fp8 and (k_idx_scale.dtype != torch.float32 or tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2])
+    if scaled and (k_idx_scale.dtype != torch.float32 or tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2])
                    or k_idx_scale.stride(1) != 1):
         raise ValueError(f"{op}: k_idx_scale must be fp32 [num_pages, B] = {tuple(k_idx_cache.shape[:2])} with "
                          "contiguous rows")
-    if not is_fp8 and q_idx.dtype != k_idx_cache.dtype:
+    if not scaled and q_idx.dtype != k_idx_cache.dtype:
         raise ValueError(f"{op}: q_idx and k_idx_cache must share one dtype, got {q_idx.dtype} and "
                          f"{k_idx_cache.dtype}")
     if q_idx.device != k_idx_cache.device:
