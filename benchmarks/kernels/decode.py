@@ -16,7 +16,7 @@ history pages that fp8 keys also pick, on random keys and on keys with planted m
 
 The ``fp8`` preset (FP8 K/V, issue 22) times in one call, per batch: the MSA step (indexer + sparse
 attention) with bf16 K/V and bf16 index keys, with fp8 K/V (bf16 index keys), and with fp8 K/V and fp8
-or int8 index keys (``kernels/decode/int8.py``: the same bytes, closer selections); the sparse attention
+or int8 index keys (``kernels/_common/int8.py``: the same bytes, closer selections); the sparse attention
 alone and our dense decode with bf16 K/V, fp8 K/V widened to fp16 (the
 plan's default) and fp8 K/V on the e4m3 x e4m3 dots (``kv_fp8_dot=True``), and on a GPU the fp8 attention
 at other pipeline depths (``_stagesN``; the plan's choice: ``plan.FP8_ATTN_STAGES``). Ratios are

@@ -17,7 +17,7 @@ the own block forced) from bf16-rounded q and k (the baseline: what a bf16 engin
   query) instead of per token: a finer scale, for the issue's "below that, a finer scale" question;
 * `fp8_keys_had` / `fp8_dot_had` (not in the default list): q and k rotated by one orthonormal Hadamard matrix
   before e4m3 (q . k unchanged; outlier dims spread over all dims);
-* `int8_dot`: the same bytes in int8 (`kernels.decode.int8`: one fp32 scale per key token, q rounded to int8 per
+* `int8_dot`: the same bytes in int8 (`kernels._common.int8`: one fp32 scale per key token, q rounded to int8 per
   (token, head) row), what the decode indexer scores with `index_dtype=torch.int8`; `int8_keys` (not in the
   default list): bf16 q against int8 keys.
 
@@ -38,7 +38,7 @@ import torch
 
 from kernels._common.fp8 import dequantize_rows, quantize_rows
 from kernels.decode.fp8 import dequantized_index_queries, quantize_index_keys
-from kernels.decode.int8 import dequantized_int8_queries, quantize_int8_rows
+from kernels._common.int8 import dequantize_int8_rows, dequantized_int8_queries, quantize_int8_rows
 from kernels.indexer.naive import select_blocks
 
 Counts = dict[str, float]
@@ -50,8 +50,7 @@ def _fp8_keys(k: torch.Tensor) -> torch.Tensor:
 
 
 def _int8_keys(k: torch.Tensor) -> torch.Tensor:
-    k8, scale = quantize_int8_rows(k)
-    return k8.float() * scale[..., None]
+    return dequantize_int8_rows(*quantize_int8_rows(k))
 
 
 def _fp8_groups(x: torch.Tensor, width: int) -> torch.Tensor:

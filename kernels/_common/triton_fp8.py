@@ -1,7 +1,8 @@
-"""The e4m3 rounding of Triton kernels that quantise on the fly (the indexer's fp8 dot, the Q8KV8 prefill):
+"""The rounding of Triton kernels that quantise on the fly. e4m3 (the indexer's fp8 dot, the Q8KV8 prefill):
 the rule of ``kernels._common.fp8`` (``scale = max(amax |x|, 1e-12) / 448`` per row), in fp32 under the
 interpreter (``UPCAST``): the interpreter's fp32 -> fp8 cast is wrong where rounding carries into the exponent
-(31.99 -> 16 instead of 32), so ``_round_e4m3`` computes the nearest e4m3 value itself.
+(31.99 -> 16 instead of 32), so ``_round_e4m3`` computes the nearest e4m3 value itself. int8 (the queries
+scored against int8 index keys): the rule of ``kernels._common.int8`` (``/ 127``, to nearest, ties to even).
 """
 from __future__ import annotations
 
@@ -40,3 +41,16 @@ def _quantize_rows(q, UPCAST: tl.constexpr):
     qf = q.to(tl.float32)
     q_scale = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-12) / 448.0
     return _to_e4m3(tl.div_rn(qf, q_scale[:, None]), UPCAST), q_scale
+
+
+@triton.jit
+def _quantize_int8_rows(q, UPCAST: tl.constexpr):
+    """Rows of ``q`` ``[M, D]`` -> (int8 rows, fp32 row scales ``[M]``) by the rule of ``kernels._common.int8``;
+    under ``UPCAST`` (the interpreter, fp32 dots) the rows stay fp32 holding the integers. The rounding is the
+    fp32 add of 1.5 * 2^23 (to nearest, ties to even, as ``torch.round``)."""
+    qf = q.to(tl.float32)
+    q_scale = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-12) / 127.0
+    r = (tl.div_rn(qf, q_scale[:, None]) + 12582912.0) - 12582912.0
+    if UPCAST:
+        return r, q_scale
+    return r.to(tl.int8), q_scale

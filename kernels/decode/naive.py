@@ -26,7 +26,7 @@ import torch
 
 from kernels._common.fp8 import FP8, dequantize_rows
 
-from .int8 import dequantized_int8_queries
+from kernels._common.int8 import dequantized_int8_queries
 
 
 def _positions(seq_lens: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -48,7 +48,7 @@ def decode_indexer_ref(
 
     q_idx ``[T, H, d_idx]`` (H = one index head per KV group); k_idx_cache ``[P, B, d_idx]``; scaled keys
     (fp8 / int8) times ``k_idx_scale [P, B]``. int8 keys score the queries rounded to int8 per row
-    (``kernels/decode/int8.py``), as the kernel does.
+    (``kernels/_common/int8.py``), as the kernel does.
     """
     if k_idx_cache.dtype == torch.int8:
         q_idx = dequantized_int8_queries(q_idx)

@@ -9,7 +9,7 @@
   (``kernels._common.fp8.require_fp8``);
 * the index keys, at construction (``index_dtype``): float8_e4m3fn keys score with the e4m3 x e4m3
   tensor-core dot on a GPU (``index_fp8_dot=False`` or the interpreter: widened to fp16); int8 keys
-  (``kernels/decode/int8.py``) always with the int8 x int8 dot, the queries rounded to int8 per row;
+  (``kernels/_common/int8.py``) always with the int8 x int8 dot, the queries rounded to int8 per row;
 * split counts, rows per program, warps and stages, when ``plan()`` sees new sizes (R, max_pages,
   q_len): from the sizes and the multiprocessor count only, never from lengths, so a CUDA graph
   captured once replays for any lengths that fit the page table. They land in frozen

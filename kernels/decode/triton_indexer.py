@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from kernels._common.triton_fp8 import _quantize_int8_rows
+
 if TYPE_CHECKING:
     from .launches import IndexerLaunch
 
@@ -57,12 +59,8 @@ def _indexer_split_kernel(
         mask=row_ok[:, None], other=0.0,
     )
     q_scale = tl.full([ROWS], 1.0, tl.float32)
-    if INT8_DOT:  # int8 keys: q rounded to int8 per row (kernels/decode/int8.py), exact int32 dot
-        qf = q.to(tl.float32)
-        q_scale = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-12) / 127.0
-        q = (tl.div_rn(qf, q_scale[:, None]) + 12582912.0) - 12582912.0  # to nearest, ties to even
-        if not DOT_FP32:
-            q = q.to(tl.int8)
+    if INT8_DOT:  # int8 keys: q rounded to int8 per row (kernels/_common/int8.py), exact int32 dot
+        q, q_scale = _quantize_int8_rows(q, DOT_FP32)
     elif DOT_FP32:
         q = q.to(tl.float32)
     elif FP8_DOT:  # e4m3 x e4m3 tensor-core dot: q quantised per row (a positive row factor: same ranking)

@@ -14,10 +14,11 @@ query ``i`` sits at position ``pos = kv_len - q_len + i``), index head ``h`` (on
 Output layout is token-major: ids int32 ``[T, H, k]``, LSE fp32 ``[T, H]``. Block ids are logical
 (block ``b`` covers the request's tokens ``[b*B, (b+1)*B)``).
 
-FP8 index keys (``k_idx_scale`` given): the keys are dequantised exactly (``k8 * scale`` in fp32,
+FP8 and int8 index keys (``k_idx_scale`` given): the keys are dequantised exactly (``k8 * scale`` in fp32,
 ``kernels._common.fp8.dequantize_rows``) before the math above; with ``fp8_dot`` the queries are also
 rounded to e4m3 per (token, head) row by the same rule and dequantised, which is what the kernel's
-e4m3 x e4m3 dot scores.
+e4m3 x e4m3 dot scores; with int8 keys the queries are rounded to int8 per row (``kernels._common.int8``),
+as the kernel's int8 x int8 dot scores them.
 
 The references work in query chunks sized so that no ``[T, S]`` tensor is ever built: the largest
 temporary is ``[chunk, H, S]`` with ``chunk * H * S <= _MAX_CHUNK_ELEMENTS``.
@@ -29,6 +30,7 @@ import math
 import torch
 
 from kernels._common.fp8 import dequantize_rows, quantize_rows
+from kernels._common.int8 import dequantized_int8_queries
 
 _MAX_CHUNK_ELEMENTS = 1 << 24  # fp32 elements of the largest score temporary (64 MiB)
 
@@ -137,8 +139,8 @@ def indexer_varlen_reference(q_idx: torch.Tensor, k_idx: torch.Tensor, cu_seqlen
 
 def gather_request_keys(k_idx_cache: torch.Tensor, page_table_row: torch.Tensor, kv_len: int,
                         k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Paged index keys ``[pages, B, d_idx]`` of one request -> contiguous ``[kv_len, d_idx]`` (fp8 keys with
-    their scales ``[pages, B]``: dequantised, fp32)."""
+    """Paged index keys ``[pages, B, d_idx]`` of one request -> contiguous ``[kv_len, d_idx]`` (fp8 / int8 keys
+    with their scales ``[pages, B]``: dequantised, fp32)."""
     block_size = k_idx_cache.shape[1]
     n_blocks = -(-kv_len // block_size)
     pages = page_table_row[:n_blocks].long()
@@ -154,19 +156,28 @@ def fp8_dot_queries(q_idx: torch.Tensor) -> torch.Tensor:
     return dequantize_rows(*quantize_rows(q_idx))
 
 
+def scored_queries(q_idx: torch.Tensor, key_dtype: torch.dtype, fp8_dot: bool) -> torch.Tensor:
+    """The queries the kernel scores against keys of ``key_dtype``: rounded to e4m3 with ``fp8_dot``, to int8
+    against int8 keys, else as given."""
+    if fp8_dot:
+        return fp8_dot_queries(q_idx)
+    return dequantized_int8_queries(q_idx) if key_dtype == torch.int8 else q_idx
+
+
 def indexer_paged_reference(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens_kv: torch.Tensor, topk: int,
                             return_lse: bool = False, k_idx_scale: torch.Tensor | None = None,
                             fp8_dot: bool = False):
     """Inference form: q_idx ``[T, H, d_idx]``, k_idx_cache ``[pages, B, d_idx]`` (float8_e4m3fn with fp32
     ``k_idx_scale [pages, B]``), page_table int32 ``[R, max_pages]``, cu_seqlens_q ``[R+1]``, seq_lens_kv
-    ``[R]`` (includes this chunk); ``fp8_dot``: q_idx rounded to e4m3 per row first (``fp8_dot_queries``).
+    ``[R]`` (includes this chunk); ``fp8_dot``: q_idx rounded to e4m3 per row first (``fp8_dot_queries``); int8
+    keys (with their scales): q_idx rounded to int8 per row (``scored_queries``).
 
     Returns logical block ids int32 ``[T, H, topk]`` (and fp32 selected LSE ``[T, H]``).
     """
     cq, lens = cu_seqlens_q.tolist(), seq_lens_kv.tolist()
     block_size = k_idx_cache.shape[1]
-    q = fp8_dot_queries(q_idx) if fp8_dot else q_idx
+    q = scored_queries(q_idx, k_idx_cache.dtype, fp8_dot)
     outs = []
     for r in range(len(lens)):
         keys = gather_request_keys(k_idx_cache, page_table[r], lens[r], k_idx_scale)
@@ -183,7 +194,7 @@ def paged_block_scores(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_tabl
     cq, lens = cu_seqlens_q.tolist(), seq_lens_kv.tolist()
     block_size = k_idx_cache.shape[1]
     max_blocks = max([-(-n // block_size) for n in lens], default=0)
-    q = fp8_dot_queries(q_idx) if fp8_dot else q_idx
+    q = scored_queries(q_idx, k_idx_cache.dtype, fp8_dot)
     out = torch.full((q_idx.shape[0], q_idx.shape[1], max_blocks), float("-inf"), device=q_idx.device)
     for r in range(len(lens)):
         keys = gather_request_keys(k_idx_cache, page_table[r], lens[r], k_idx_scale)

@@ -8,7 +8,7 @@ import torch
 
 from kernels._common.fp8 import FP8
 from kernels._common.tiles import tile_table, token_requests
-from kernels._common.validate import check_choice, check_lengths, check_size, check_tensor
+from kernels._common.validate import SCALED_INDEX_KEYS, check_choice, check_lengths, check_size, check_tensor
 
 from . import naive
 from .plan import OP, IndexerPlan, plan_indexer
@@ -21,7 +21,7 @@ HEAD_DIM_CHOICES = (16, 32, 64, 128, 256)
 def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, k_idx_scale=None) -> None:
     check_tensor(OP, "q_idx", q_idx, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     dev = q_idx.device
-    check_tensor(OP, "k_idx_cache", k_idx_cache, ndim=3, dtypes=(q_idx.dtype, FP8), device=dev)
+    check_tensor(OP, "k_idx_cache", k_idx_cache, ndim=3, dtypes=(q_idx.dtype, *SCALED_INDEX_KEYS), device=dev)
     _validate_scale(k_idx_cache, k_idx_scale)
     check_tensor(OP, "page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=dev)
@@ -36,13 +36,14 @@ def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, k
 
 
 def _validate_scale(k_idx_cache, k_idx_scale) -> None:
-    """fp8 index keys come with their fp32 per-token scales ``[pages, B]`` and nothing else does."""
-    if k_idx_cache.dtype == FP8 and k_idx_scale is None:
-        raise ValueError(f"{OP}: a float8_e4m3fn k_idx_cache needs k_idx_scale (fp32 [pages, B], the second "
-                         "output of kernels.decode.quantize_index_keys)")
-    if k_idx_cache.dtype != FP8 and k_idx_scale is not None:
-        raise ValueError(f"{OP}: k_idx_scale goes with a float8_e4m3fn k_idx_cache, got a "
-                         f"{str(k_idx_cache.dtype).replace('torch.', '')} one: drop k_idx_scale or pass the fp8 keys")
+    """fp8 and int8 index keys come with their fp32 per-token scales ``[pages, B]`` and nothing else does."""
+    name = str(k_idx_cache.dtype).replace("torch.", "")
+    if k_idx_cache.dtype in SCALED_INDEX_KEYS and k_idx_scale is None:
+        raise ValueError(f"{OP}: {name} index keys need k_idx_scale (fp32 [pages, B], the second output of "
+                         "kernels.decode.quantize_index_keys / quantize_int8_rows)")
+    if k_idx_cache.dtype not in SCALED_INDEX_KEYS and k_idx_scale is not None:
+        raise ValueError(f"{OP}: k_idx_scale goes with a float8_e4m3fn or int8 k_idx_cache, got a {name} one: "
+                         "drop k_idx_scale or pass the quantised keys")
     if k_idx_scale is None:
         return
     check_tensor(OP, "k_idx_scale", k_idx_scale, ndim=2, dtypes=(torch.float32,), device=k_idx_cache.device)
@@ -68,7 +69,9 @@ def msa_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torc
     FP8 index keys: k_idx_cache float8_e4m3fn with fp32 ``k_idx_scale [pages, B]`` (one scale per token,
     ``kernels.decode.quantize_index_keys``); a key stands for ``k8 * scale``. ``index_fp8_dot=True`` also
     rounds each (token, head) row of q_idx to e4m3 by the same rule and scores with the e4m3 x e4m3 dot
-    (tensor cores at twice the bf16 rate); the torch reference computes exactly what each variant means.
+    (tensor cores at twice the bf16 rate). int8 index keys (``kernels.decode.quantize_int8_rows``, the same
+    scales): q_idx rounded to int8 per row, the exact int8 x int8 dot. The torch reference computes exactly
+    what each variant means.
     """
     args = (q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv)
     _validate(*args, topk, k_idx_scale)
@@ -92,8 +95,9 @@ def launch(plan: IndexerPlan, q_idx: torch.Tensor, k_idx_cache: torch.Tensor, pa
     _validate(*args, plan.topk, k_idx_scale)
     if plan.impl != "triton":
         raise ValueError(f"{OP}: launch() runs Triton plans, got impl={plan.impl!r}")
-    if plan.fp8_keys != (k_idx_cache.dtype == FP8):
-        raise ValueError(f"{OP}: the plan was made for {'fp8' if plan.fp8_keys else 'bf16/fp16'} index keys, "
+    if (plan.fp8_keys, plan.int8_keys) != (k_idx_cache.dtype == FP8, k_idx_cache.dtype == torch.int8):
+        made = "fp8" if plan.fp8_keys else "int8" if plan.int8_keys else "bf16/fp16"
+        raise ValueError(f"{OP}: the plan was made for {made} index keys, "
                          f"got a {str(k_idx_cache.dtype).replace('torch.', '')} k_idx_cache: plan again")
     _check_lengths(plan, *args)
     return _launch_indexer(plan, *args, k_idx_scale)
@@ -118,15 +122,15 @@ def _launch_indexer(plan: IndexerPlan, q_idx, k_idx_cache, page_table, cu_seqlen
     result = {"ids": ids, "block_scores": scores, "score_sum": aux}[plan.output]
     if t == 0:
         return result
-    ks = k_idx_scale if plan.fp8_keys else seq_lens_kv  # a dummy pointer without fp8 keys
+    ks = k_idx_scale if plan.scaled else seq_lens_kv  # a dummy pointer without scaled keys
     _indexer_fwd_kernel[(tile_req.shape[0],)](
         q_idx, k_idx_cache, ks, page_table, cu_seqlens_q, seq_lens_kv, tile_req, tile_start, ids, scores, aux,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1),
-        ks.stride(0) if plan.fp8_keys else 0, page_table.stride(0),
+        ks.stride(0) if plan.scaled else 0, page_table.stride(0),
         ids.stride(0), ids.stride(1), scores.stride(0) if scores is not ids else 0,
         scores.stride(1) if scores is not ids else 0, 1.0 / math.sqrt(d),
         H=h, D=d, B=plan.block, TOPK=plan.topk, TQ=plan.tokens_per_tile, BLOCK_M=plan.tile_rows,
-        MODE=plan.mode, UPCAST=plan.upcast, HAS_SCALE=plan.fp8_keys, FP8_DOT=plan.fp8_dot,
+        MODE=plan.mode, UPCAST=plan.upcast, HAS_SCALE=plan.scaled, FP8_DOT=plan.fp8_dot, INT8_DOT=plan.int8_keys,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     return result
 
@@ -140,11 +144,12 @@ def _launch_selected_lse(plan: IndexerPlan, q_idx, k_idx_cache, page_table, cu_s
     if t == 0:
         return lse
     tok_req = token_requests(cu_seqlens_q, t)
-    ks = k_idx_scale if plan.fp8_keys else seq_lens_kv  # a dummy pointer without fp8 keys
+    ks = k_idx_scale if plan.scaled else seq_lens_kv  # a dummy pointer without scaled keys
     _selected_lse_kernel[(t * h,)](
         q_idx, k_idx_cache, ks, page_table, cu_seqlens_q, seq_lens_kv, tok_req, ids, lse,
         q_idx.stride(0), q_idx.stride(1), k_idx_cache.stride(0), k_idx_cache.stride(1),
-        ks.stride(0) if plan.fp8_keys else 0, page_table.stride(0), ids.stride(0), ids.stride(1), 1.0 / math.sqrt(d),
-        H=h, D=d, B=plan.block, TOPK=ids.shape[2], HAS_SCALE=plan.fp8_keys, FP8_DOT=plan.fp8_dot,
+        ks.stride(0) if plan.scaled else 0, page_table.stride(0), ids.stride(0), ids.stride(1), 1.0 / math.sqrt(d),
+        H=h, D=d, B=plan.block, TOPK=ids.shape[2], HAS_SCALE=plan.scaled, FP8_DOT=plan.fp8_dot,
+        INT8_DOT=plan.int8_keys,
         UPCAST=plan.upcast, num_warps=4)
     return lse

@@ -10,6 +10,8 @@ tensor cores (``kernels._common.fp8.require_fp8``). Without ``index_fp8_dot`` th
 page to q's dtype (exact) and scales the scores per key; with it, q is rounded to e4m3 per (token,
 head) row inside the kernel and the dot is e4m3 x e4m3 (under the interpreter both operands are fp32
 holding the e4m3 values: its fp32 -> fp8 cast rounds wrongly, so the rounding is emulated there).
+int8 index keys (an int8 ``k_idx_cache``, ``kernels._common.int8``) always score with the exact int8 x int8 dot,
+q rounded to int8 per row in the kernel (int8 tensor cores: every GPU Triton runs on here, sm80+).
 """
 from __future__ import annotations
 
@@ -46,6 +48,12 @@ class IndexerPlan:
     check_lengths: bool  # read the length values on the host (one sync)
     fp8_keys: bool = False  # float8_e4m3fn index keys with per-token fp32 scales
     fp8_dot: bool = False  # q rounded to e4m3 per row, e4m3 x e4m3 dot (fp8 keys only)
+    int8_keys: bool = False  # int8 index keys with per-token fp32 scales: q rounded to int8 per row, int8 dot
+
+    @property
+    def scaled(self) -> bool:
+        """The keys come with per-token fp32 scales (fp8 or int8)."""
+        return self.fp8_keys or self.int8_keys
 
     @property
     def mode(self) -> int:
@@ -57,6 +65,7 @@ def plan_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, topk: int, *, i
     """Plan from q_idx ``[T, H, d_idx]`` and k_idx_cache ``[pages, B, d_idx]`` (sizes, dtype, device)."""
     impl = resolve_impl(impl, q_idx.device, OP)
     fp8_keys = k_idx_cache.dtype == FP8
+    int8_keys = k_idx_cache.dtype == torch.int8
     if index_fp8_dot and not fp8_keys:
         raise ValueError(f"{OP}: index_fp8_dot=True scores against float8_e4m3fn index keys, got a "
                          f"{str(k_idx_cache.dtype).replace('torch.', '')} k_idx_cache: quantize the keys "
@@ -74,4 +83,4 @@ def plan_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, topk: int, *, i
     return IndexerPlan(impl=impl, output=output, topk=topk, heads=heads, block=k_idx_cache.shape[1],
                        d_idx=q_idx.shape[2], tile_rows=TILE_ROWS, tokens_per_tile=TILE_ROWS // heads, num_warps=8,
                        num_stages=3, upcast=interpreting(), check_lengths=check_lengths or impl == "torch",
-                       fp8_keys=fp8_keys, fp8_dot=index_fp8_dot)
+                       fp8_keys=fp8_keys, fp8_dot=index_fp8_dot, int8_keys=int8_keys)

@@ -23,13 +23,17 @@ multiplied by the keys' scales before the row max. Without ``FP8_DOT`` the page 
 the row scale multiplies the block scores. Under the interpreter (``UPCAST``) the operands are fp32 and the
 e4m3 rounding of q is computed in fp32 (``kernels._common.triton_fp8``): the interpreter's fp32 -> fp8 cast is wrong
 where rounding carries into the exponent (31.99 -> 16 instead of 32).
+
+int8 index keys (``INT8_DOT``, with their per-token scales): q is rounded to int8 per row in the prologue (the
+rule of ``kernels._common.int8``) and each page scores with the exact int8 x int8 dot (int32 accumulators;
+under the interpreter fp32 operands holding the integers, exact too: ``|sum| <= 127^2 * 256 < 2^24``).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from kernels._common.triton_fp8 import _quantize_rows, _to_e4m3
+from kernels._common.triton_fp8 import _quantize_int8_rows, _quantize_rows, _to_e4m3
 
 _BIG = tl.constexpr(1 << 30)  # sentinel id of an empty table slot; real block ids are far smaller
 
@@ -48,7 +52,7 @@ def _indexer_fwd_kernel(Q, KC, KS, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCOR
                         stride_it, stride_ih, stride_st, stride_sh, scale,
                         H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr,
                         TQ: tl.constexpr, BLOCK_M: tl.constexpr, MODE: tl.constexpr, UPCAST: tl.constexpr,
-                        HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr):
+                        HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, INT8_DOT: tl.constexpr):
     pid = tl.program_id(0)
     req = tl.load(TILE_REQ + pid)
     if req < 0:
@@ -74,6 +78,9 @@ def _indexer_fwd_kernel(Q, KC, KS, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCOR
     if FP8_DOT:
         q, q_scale = _quantize_rows(q, UPCAST)
         row_scale = row_scale * q_scale
+    elif INT8_DOT:
+        q, q_scale = _quantize_int8_rows(q, UPCAST)
+        row_scale = row_scale * q_scale
     elif UPCAST:
         q = q.to(tl.float32)
 
@@ -86,7 +93,7 @@ def _indexer_fwd_kernel(Q, KC, KS, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCOR
     pt_row = PT + req.to(tl.int64) * stride_pt
     for b in range(n_hist):
         score = _block_score(q, KC, KS, pt_row, b, stride_kp, stride_kb, stride_sp, offs_b, offs_d, row_scale,
-                             UPCAST, HAS_SCALE, FP8_DOT)
+                             UPCAST, HAS_SCALE, FP8_DOT, INT8_DOT)
         score = tl.where(b < local, score, float("-inf"))
         if MODE == 0:
             worst = tl.min(vals, axis=1)
@@ -118,16 +125,19 @@ def _indexer_fwd_kernel(Q, KC, KS, PT, CUQ, SEQ, TILE_REQ, TILE_START, IDS, SCOR
 
 @triton.jit
 def _block_score(q, KC, KS, pt_row, b, stride_kp, stride_kb, stride_sp, offs_b, offs_d, row_scale,
-                 UPCAST: tl.constexpr, HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr):
-    """Row max of ``q . k^T`` over logical block ``b``'s ``B`` keys (fp8 keys: times their scales), times the
-    rows' ``row_scale``: fp32 ``[BLOCK_M]``."""
+                 UPCAST: tl.constexpr, HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, INT8_DOT: tl.constexpr):
+    """Row max of ``q . k^T`` over logical block ``b``'s ``B`` keys (fp8 / int8 keys: times their scales), times
+    the rows' ``row_scale``: fp32 ``[BLOCK_M]``."""
     page = tl.load(pt_row + b).to(tl.int64)
     k = tl.load(KC + page * stride_kp + offs_b[:, None] * stride_kb + offs_d[None, :])
     if UPCAST:
         k = k.to(tl.float32)
-    elif HAS_SCALE and not FP8_DOT:
+    elif HAS_SCALE and not (FP8_DOT or INT8_DOT):
         k = k.to(q.dtype)  # e4m3 -> bf16 / fp16: exact
-    s = tl.dot(q, tl.trans(k))
+    if INT8_DOT and not UPCAST:
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)  # exact
+    else:
+        s = tl.dot(q, tl.trans(k))
     if HAS_SCALE:
         s = s * tl.load(KS + page * stride_sp + offs_b)[None, :]
     return tl.max(s, axis=1) * row_scale
@@ -137,7 +147,8 @@ def _block_score(q, KC, KS, pt_row, b, stride_kp, stride_kb, stride_sp, offs_b, 
 def _selected_lse_kernel(Q, KC, KS, PT, CUQ, SEQ, TOK_REQ, IDS, LSE,
                          stride_qt, stride_qh, stride_kp, stride_kb, stride_sp, stride_pt, stride_it, stride_ih,
                          scale, H: tl.constexpr, D: tl.constexpr, B: tl.constexpr, TOPK: tl.constexpr,
-                         HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, UPCAST: tl.constexpr):
+                         HAS_SCALE: tl.constexpr, FP8_DOT: tl.constexpr, INT8_DOT: tl.constexpr,
+                         UPCAST: tl.constexpr):
     pid = tl.program_id(0)
     t = pid // H
     h = pid % H
@@ -151,6 +162,9 @@ def _selected_lse_kernel(Q, KC, KS, PT, CUQ, SEQ, TOK_REQ, IDS, LSE,
     if FP8_DOT:  # the e4m3 row the block scores used, dequantised
         q_scale = tl.maximum(tl.max(tl.abs(q), axis=0), 1e-12) / 448.0
         q = _to_e4m3(tl.div_rn(q, q_scale), UPCAST).to(tl.float32) * q_scale
+    elif INT8_DOT:  # the int8 row the block scores used, dequantised
+        q_scale = tl.maximum(tl.max(tl.abs(q), axis=0), 1e-12) / 127.0
+        q = ((tl.div_rn(q, q_scale) + 12582912.0) - 12582912.0) * q_scale
     m = tl.full((), float("-inf"), tl.float32)
     l = tl.full((), 0.0, tl.float32)
     for s in range(TOPK):

@@ -102,8 +102,8 @@ def _bad(case, k8, scale, **override):
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("make,match", [
-    (lambda c, k8, s: {"k_idx_scale": None}, "needs k_idx_scale"),
-    (lambda c, k8, s: {"k_idx_cache": c["k_idx_cache"]}, "goes with a float8_e4m3fn k_idx_cache"),
+    (lambda c, k8, s: {"k_idx_scale": None}, "float8_e4m3fn index keys need k_idx_scale"),
+    (lambda c, k8, s: {"k_idx_cache": c["k_idx_cache"]}, "goes with a float8_e4m3fn or int8 k_idx_cache"),
     (lambda c, k8, s: {"k_idx_scale": s[:, :-1]}, r"k_idx_scale must be \[pages, B\]"),
     (lambda c, k8, s: {"k_idx_scale": s.bfloat16()}, "k_idx_scale must be one of"),
     (lambda c, k8, s: {"k_idx_scale": s[None]}, "k_idx_scale must have 2 dims"),
