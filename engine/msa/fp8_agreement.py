@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kernels._common.fp8 import dequantize_rows, quantize_rows
-from kernels.decode.fp8 import dequantized_index_queries, quantize_index_keys
 from kernels._common.int8 import dequantize_int8_rows, dequantized_int8_queries, quantize_int8_rows
+from kernels.decode.fp8 import dequantized_index_queries, quantize_index_keys
 from kernels.indexer.naive import select_blocks
 
 Counts = dict[str, float]

@@ -25,7 +25,6 @@ import math
 import torch
 
 from kernels._common.fp8 import FP8, dequantize_rows
-
 from kernels._common.int8 import dequantized_int8_queries
 
 
