@@ -6,7 +6,8 @@ Rule (per row of the last dim): ``scale = max(amax(|x|), 1e-12) / 127`` in fp32,
 token; the decode and prefill indexers round each query row the same way and score
 ``scale_q * scale_k * (q8 . k8)`` with an exact int32 dot (int8 tensor cores), so the selection equals the
 reference's on the same rounded values up to fp32 rounding of the products. Why not e4m3: on the default
-model's own index q/k (CPU, essays, ``python -m benchmarks.quality.fp8_agreement --preset headline --variants fp8_keys,int8_dot``) the history
+model's own index q/k (CPU, essays,
+``python -m benchmarks.quality.fp8_agreement --preset headline --variants fp8_keys,int8_dot``) the history
 selections at top-k 16 agree 98.6% (4K) / 98.1% (8K) with bf16 keys for e4m3 keys and 99.5% / 99.3% for int8.
 """
 from __future__ import annotations
