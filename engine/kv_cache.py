@@ -4,7 +4,9 @@ Layout per layer: K and V `[num_pages, Hkv, B, d]`; MSA layers also hold an inde
 `[num_pages, B, d_idx]` on the same pages. Logical block j of a request lives in physical
 page `page_table[j]`. An FP8 cache (`CacheConfig.dtype` torch.float8_e4m3fn, `--kv-cache-dtype fp8`) holds K and
 V as e4m3 codes in the same layout plus fp32 scales `k_scale`, `v_scale` `[num_pages, Hkv, B]` per layer (one per
-token and KV head, the rule of `kernels._common.fp8`); its index-key cache stays in `model_dtype`.
+token and KV head, the rule of `kernels._common.fp8`) and its index keys as int8 codes plus an fp32 scale
+`k_idx_scale` `[num_pages, B]` per token (`kernels._common.int8`: the same bytes as e4m3 keys, selections closer to
+bf16's; `index_key_dtype` decides).
 One extra page (index `num_pages`, `scratch_page`) is never handed out:
 padded rows of a CUDA-graph batch write their K/V there.
 """
@@ -15,12 +17,25 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common.fp8 import FP8, quantize_rows
+from kernels._common.int8 import quantize_int8_rows
+
+INT8 = torch.int8
+
+
+def index_key_dtype(kv_dtype: torch.dtype, model_dtype: torch.dtype | None) -> torch.dtype:
+    """The one decision on the index keys' storage: int8 (+ fp32 scale per token) beside an FP8 K/V cache, else
+    the model dtype (None: `kv_dtype`)."""
+    if kv_dtype == FP8:
+        if model_dtype is None:
+            raise ValueError("an FP8 KV cache needs CacheConfig.model_dtype (the dtype of q and the index queries)")
+        return INT8
+    return model_dtype or kv_dtype
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """`dtype`: of K and V (torch.float8_e4m3fn: e4m3 codes + fp32 scales); `model_dtype`: of the queries and
-    of the index-key cache (None: `dtype`; an FP8 cache needs it)."""
+    """`dtype`: of K and V (torch.float8_e4m3fn: e4m3 codes + fp32 scales); `model_dtype`: of the queries, the
+    index queries and (beside a bf16/fp16/fp32 cache) the index keys (None: `dtype`; an FP8 cache needs it)."""
 
     page_size: int = 128
     num_pages: int = 512
@@ -33,11 +48,13 @@ class CacheConfig:
 
     @property
     def index_dtype(self) -> torch.dtype:
-        if self.model_dtype is None:
-            if self.quantized:
-                raise ValueError("an FP8 KV cache needs CacheConfig.model_dtype (the dtype of q and the index keys)")
-            return self.dtype
-        return self.model_dtype
+        """Of the index-key cache (`index_key_dtype`)."""
+        return index_key_dtype(self.dtype, self.model_dtype)
+
+    @property
+    def index_query_dtype(self) -> torch.dtype:
+        """What the index queries are cast to before the indexers."""
+        return self.model_dtype or self.dtype
 
 
 class KVCache:
@@ -54,6 +71,24 @@ class KVCache:
         self.k_idx: dict[int, torch.Tensor] = {
             i: torch.zeros((cfg.num_pages + 1, cfg.page_size, index_dim), dtype=cfg.index_dtype, device=device)
             for i in index_layers}
+        self.k_idx_scale: dict[int, torch.Tensor] = {  # int8 index keys: one fp32 scale per token
+            i: torch.zeros((cfg.num_pages + 1, cfg.page_size), dtype=torch.float32, device=device)
+            for i in (index_layers if index_layers and cfg.index_dtype == INT8 else ())}
+
+    def index_scale(self, layer: int) -> torch.Tensor | None:
+        """The fp32 per-token scales `[num_pages + 1, B]` of `layer`'s int8 index keys, else None."""
+        return self.k_idx_scale.get(layer)
+
+    def write_index_keys(self, layer: int, pages: torch.Tensor, offsets: torch.Tensor, k_idx: torch.Tensor) -> None:
+        """Write `layer`'s index keys `[T, d_idx]` at (`pages`, `offsets`) `[T]`: int8 codes and their scales
+        (quantised from `k_idx` as given), or cast to the cache's dtype."""
+        kic = self.k_idx[layer]
+        scale = self.k_idx_scale.get(layer)
+        if scale is None:
+            kic[pages, offsets] = k_idx.to(kic.dtype)
+            return
+        k8, s = quantize_int8_rows(k_idx)
+        kic[pages, offsets], scale[pages, offsets] = k8, s
 
     def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(k_scale, v_scale) of `layer`: fp32 `[num_pages + 1, Hkv, B]` for an FP8 cache, else (None, None)."""
@@ -71,18 +106,20 @@ class KVCache:
 
     def bytes(self) -> int:
         n = sum(t.numel() * t.element_size() for t in self.k + self.v + self.k_scale + self.v_scale)
-        return n + sum(t.numel() * t.element_size() for t in self.k_idx.values())
+        return n + sum(t.numel() * t.element_size() for t in [*self.k_idx.values(), *self.k_idx_scale.values()])
 
 
 def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                     index_dim: int = 0, num_index_layers: int = 0, index_dtype: torch.dtype | None = None) -> int:
     """Cache bytes one token takes over all layers (K, V, their fp32 scales when `dtype` is FP8, and the MSA
-    index keys in `index_dtype`, default `dtype`)."""
+    index keys in `index_dtype`, default `dtype`, with their fp32 scale when int8)."""
     size = torch.empty((), dtype=dtype).element_size()
-    isize = torch.empty((), dtype=index_dtype or dtype).element_size()
+    idtype = index_dtype or dtype
+    isize = torch.empty((), dtype=idtype).element_size()
     scales = 2 * 4 if dtype == FP8 else 0  # one fp32 scale per token and KV head, for K and for V
+    iscale = 4 if idtype == INT8 else 0  # one fp32 scale per token and index layer
     return 2 * num_layers * num_kv_heads * (size * head_dim) + num_layers * num_kv_heads * scales \
-        + isize * num_index_layers * index_dim
+        + num_index_layers * (isize * index_dim + iscale)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from engine.attention import AttentionKind, check_kind, make_attention, uses_indexer
 from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
 from engine.errors import EngineError
-from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, tokens_for_free_memory
+from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, index_key_dtype, tokens_for_free_memory
 from engine.kv_fp8 import KV_CACHE_DTYPES, kv_dtype_name, resolve_kv_dtype
 from engine.llm_engine import LLMEngine
 from engine.loader import load, model_family
@@ -176,14 +176,15 @@ class LLM:
         tokens = kv_cache_tokens
         if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
             per_token = bytes_per_token(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim,
-                                        self.kv_dtype, index_dim, len(index_layers), self.dtype)
+                                        self.kv_dtype, index_dim, len(index_layers),
+                                        index_key_dtype(self.kv_dtype, self.dtype))
             tokens = tokens_for_free_memory(per_token, self.device, gpu_memory_fraction)
             if tokens < self.max_model_len:
                 raise EngineError(f"free GPU memory holds a KV cache of {tokens} tokens, less than the context "
                                   f"{self.max_model_len}: lower max_model_len or free GPU memory")
         tokens = tokens or max(2 * self.max_model_len, 32768)
         cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype,
-                                model_dtype=self.dtype if fp8 else None)  # FP8: q and index keys stay
+                                model_dtype=self.dtype if fp8 else None)  # FP8: q stays, index keys int8
         self.cache = KVCache(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,

@@ -74,8 +74,8 @@ class LLMEngine(StepForward):
         cfg = model.cfg
         fp8 = cache.cfg.quantized  # decode plans: q in the model dtype, the FP8 kernels for the e4m3 cache
         self.shapes = DecodeShapes(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.page_size,
-                                   cache.cfg.index_dtype if fp8 else cache.cfg.dtype, device,
-                                   cache.cfg.dtype if fp8 else None)
+                                   cache.cfg.index_query_dtype, device, cache.cfg.dtype if fp8 else None,
+                                   cache.cfg.index_dtype if fp8 else None)
         # CUDA graphs for decode when the attention promises capturable layer calls (its GPU classes do)
         self.use_cuda_graphs = bool(cuda_graphs and getattr(attention, "supports_cuda_graphs", False))
         self.graph_runner = None

@@ -8,7 +8,8 @@ rule (`select_blocks`: the top `k - 1` candidates, descending, ties to the small
 own block's score and the blocks after it never enter the selection, so they are not computed: the
 work is the causal triangle, not the rectangle, and there is no `-inf` masking pass. Same block scores
 as the reference (fp32, the same product; the scale applied after the block max, which rounding, being
-monotonic, leaves bit for bit the same), so the same ids.
+monotonic, leaves bit for bit the same), so the same ids. int8 index keys (an FP8 cache's) are dequantised
+as gathered and scored with the int8-rounded queries, as the reference does.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import math
 import torch
 
 from engine.attention.meta import AttentionMeta
-from kernels.indexer.naive import select_blocks
+from kernels.indexer.naive import scored_queries, select_blocks
 
 
 def block_tiles(q_len: int, kv_len: int, block: int) -> list[tuple[int, int, int]]:
@@ -35,9 +36,10 @@ def block_tiles(q_len: int, kv_len: int, block: int) -> list[tuple[int, int, int
 
 
 def prefill_block_ids(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, meta: AttentionMeta,
-                      topk: int) -> torch.Tensor:
-    """q_idx `[T, H, d_idx]`, k_idx_cache `[pages, B, d_idx]` -> int32 logical block ids `[T, H, topk]`
-    (the reference's layout: history blocks by score, descending; the own block next; -1 padding)."""
+                      topk: int, k_idx_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q_idx `[T, H, d_idx]`, k_idx_cache `[pages, B, d_idx]` (int8: with its fp32 `k_idx_scale [pages, B]`)
+    -> int32 logical block ids `[T, H, topk]` (the reference's layout: history blocks by score, descending;
+    the own block next; -1 padding)."""
     t_total, heads, d_idx = q_idx.shape
     block = k_idx_cache.shape[1]
     scale = 1.0 / math.sqrt(d_idx)
@@ -45,8 +47,11 @@ def prefill_block_ids(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, meta: Atte
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         pages = torch.as_tensor(meta.page_lists[r][:-(-kl // block)], device=k_idx_cache.device)
-        keys = k_idx_cache.index_select(0, pages).reshape(-1, d_idx).float()  # [n_blocks * B, d_idx]
-        qr = q_idx[start:start + ql].float()
+        keys = k_idx_cache.index_select(0, pages).float()
+        if k_idx_scale is not None:
+            keys = keys * k_idx_scale.index_select(0, pages)[..., None]
+        keys = keys.reshape(-1, d_idx)  # [n_blocks * B, d_idx]
+        qr = scored_queries(q_idx[start:start + ql], k_idx_cache.dtype, False).float()
         for a, b, own in block_tiles(ql, kl, block):
             qt = qr[a:b]
             scores = qt.reshape(-1, d_idx) @ keys[:own * block].T  # [tq * H, own * B]

@@ -18,6 +18,7 @@ class DecodeShapes(NamedTuple):
     dtype: torch.dtype  # of the queries (and of a bf16/fp16 cache)
     device: torch.device
     kv_dtype: torch.dtype | None = None  # of the K/V cache when it differs (torch.float8_e4m3fn), else None
+    index_dtype: torch.dtype | None = None  # of the index-key cache when it differs (torch.int8), else None
 
 
 @dataclass

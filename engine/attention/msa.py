@@ -19,7 +19,8 @@ telemetry, `engine.msa.telemetry`), each MSA layer hands its selected ids to `ob
 An FP8 cache: the layer's scales (`k_scale`, `v_scale`) go to the kernel ops (the contract of issue 22: their
 references dequantise exactly, their kernels run FP8 dots); the CPU block-sparse attention dequantises the
 blocks it gathers; the readers of whole pages (oracle selection, recall, telemetry) get the pages in use
-dequantised (`engine.kv_fp8.dequant_pages`). The index-key cache stays in the model dtype.
+dequantised (`engine.kv_fp8.dequant_pages`). Its index keys are int8 with per-token scales (`KVCache.write_index_keys`);
+both indexers score them with the queries rounded to int8 per row (`kernels._common.int8`).
 """
 from __future__ import annotations
 
@@ -93,12 +94,12 @@ class MSAAttention:
         if layer not in self.msa_layers:
             return self.dense(layer, q, k_cache, v_cache, meta, k_scale=k_scale, v_scale=v_scale)
         q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
-        kic = cache.k_idx[layer]
-        kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
+        cache.write_index_keys(layer, meta.slot_pages, meta.slot_offsets, k_idx)
         scales = scale_kw(k_scale, v_scale)
         measured = meta.telemetry is not None or self.track_recall or self.selects_by_keys
         keys = dequant_pages(k_cache, k_scale, meta, q.dtype) if measured else k_cache  # values for the readers
-        ids = self._select(q, q_idx.to(kic.dtype), keys, kic, meta)
+        ids = self._select(q, q_idx.to(cache.cfg.index_query_dtype), keys, cache.k_idx[layer], meta,
+                           cache.index_scale(layer))
         out = self._attend(q, k_cache, v_cache, ids, meta, **scales)
         if meta.telemetry is not None:  # engine.msa.telemetry: probe rows against the oracle
             observe_layer(layer, q, keys, ids, meta, self.msa.topk, self.scale)
@@ -109,18 +110,20 @@ class MSAAttention:
             acc[1] += n
         return out
 
-    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
+    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta, kis: torch.Tensor | None) -> torch.Tensor:
         """The indexer's block ids `[T, Hkv, k]` (decode indexer for decode steps, prefill indexer for chunks);
-        `k_cache` holds values (dequantised when the cache is FP8 and `selects_by_keys`)."""
+        `k_cache` holds values (dequantised when the cache is FP8 and `selects_by_keys`); `kis`: the scales of
+        int8 index keys `kic`, or None."""
         if meta.is_decode:
             from kernels.decode import msa_decode_indexer
 
-            return msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk, impl=self.impl)
+            return msa_decode_indexer(q_idx, kic, meta.page_table, meta.seq_lens_kv, 1, self.msa.topk,
+                                      k_idx_scale=kis, impl=self.impl)
         from kernels.indexer import msa_indexer
 
         # no host sync per layer: the lengths come from the engine's own metadata (shapes are still checked)
         return msa_indexer(q_idx, kic, meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, self.msa.topk,
-                           impl=self.impl, check_lengths=False)
+                           impl=self.impl, check_lengths=False, k_idx_scale=kis)
 
     def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta, **scales: torch.Tensor) -> torch.Tensor:
         """Exact attention over the selected blocks (the kernel design is fixed: PREFILL_DESIGN); `scales`:
@@ -143,12 +146,12 @@ class CpuMaskedMSA(MSAAttention):
     the candidate blocks scored), decode steps through the decode reference; `msa_cpu` attends over the
     selected blocks only."""
 
-    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
+    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta, kis: torch.Tensor | None) -> torch.Tensor:
         if meta.is_decode:
-            return super()._select(q, q_idx, k_cache, kic, meta)
+            return super()._select(q, q_idx, k_cache, kic, meta, kis)
         from engine.attention.cpu_indexer import prefill_block_ids
 
-        return prefill_block_ids(q_idx, kic, meta, self.msa.topk)
+        return prefill_block_ids(q_idx, kic, meta, self.msa.topk, kis)
 
     def _attend(self, q, k_cache, v_cache, ids, meta: AttentionMeta, **scales: torch.Tensor) -> torch.Tensor:
         from engine.attention.msa_cpu import sparse_attention

@@ -69,7 +69,7 @@ class _OracleSelection:
     scale: float
     selects_by_keys = True  # an FP8 cache: MSAAttention hands `_select` the pages in use dequantised
 
-    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta) -> torch.Tensor:
+    def _select(self, q, q_idx, k_cache, kic, meta: AttentionMeta, kis: torch.Tensor | None) -> torch.Tensor:
         return oracle_ids(q, k_cache, meta, self.msa.topk, self.scale)  # type: ignore[attr-defined]
 
 

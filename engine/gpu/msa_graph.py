@@ -74,7 +74,8 @@ class GraphMSAAttention(MSAAttention):
                 common["kv_dtype"] = shapes.kv_dtype
             dims = (shapes.num_heads, shapes.num_kv_heads, shapes.head_dim, shapes.page_size)
             plans = self._plans[key] = MSADecodePlans(
-                MSADecodePlan(*dims, topk=self.msa.topk, index_dim=self.msa.d_idx, **common),
+                MSADecodePlan(*dims, topk=self.msa.topk, index_dim=self.msa.d_idx, index_dtype=shapes.index_dtype,
+                              **common),
                 DenseDecodePlan(*dims, **common) if len(self.msa_layers) < self.num_layers else None)
         plans.msa.plan(meta.seq_lens_host, meta.page_table_host, 1)
         if plans.dense is not None:
@@ -94,9 +95,9 @@ class GraphMSAAttention(MSAAttention):
         if layer not in self.msa_layers:
             return plans.dense.run(q, k_cache, v_cache, **scales)
         q_idx, k_idx = self.proj[layer](hidden, self.rope, cos, sin, positions)
-        kic = cache.k_idx[layer]
-        kic[meta.slot_pages, meta.slot_offsets] = k_idx.to(kic.dtype)
-        out = plans.msa.run(q, q_idx.to(kic.dtype), k_cache, v_cache, kic, **scales)
+        cache.write_index_keys(layer, meta.slot_pages, meta.slot_offsets, k_idx)
+        out = plans.msa.run(q, q_idx.to(cache.cfg.index_query_dtype), k_cache, v_cache, cache.k_idx[layer],
+                            cache.index_scale(layer), **scales)
         if meta.telemetry is not None:  # an eager step (the engine turns graphs off for telemetry)
             keys = dequant_pages(k_cache, k_scale, meta, q.dtype)
             observe_layer(layer, q, keys, plans.msa.topk_ids, meta, self.msa.topk, self.scale)

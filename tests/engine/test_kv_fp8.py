@@ -14,7 +14,7 @@ from engine.attention.meta import AttentionMeta
 from engine.attention.msa_cpu import sparse_attention
 from engine.cpu_decode import CpuDecodePlan, cache_rows, rope_and_write
 from engine.gpu.ops import rope_cache, rope_cache_ref
-from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, write_kv
+from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, index_key_dtype, write_kv
 from engine.kv_fp8 import dequant_pages, kv_dtype_name, resolve_kv_dtype
 from kernels._common.fp8 import FP8, KV_DTYPES, dequantize_rows, quantize_rows
 
@@ -31,21 +31,47 @@ def test_fp8_cache_layout_and_bytes():
     assert c.quantized and c.k[0].dtype == FP8 and c.v[3].shape == (6, 3, 16, 64)
     assert len(c.k_scale) == len(c.v_scale) == 4
     assert c.k_scale[2].shape == (6, 3, 16) and c.k_scale[2].dtype == torch.float32
-    assert c.k_idx[1].dtype == BF16  # the index keys keep the model dtype
+    assert c.k_idx[1].dtype == torch.int8 and cfg.index_query_dtype == BF16  # int8 index keys, bf16 queries
+    assert c.index_scale(3).shape == (6, 16) and c.index_scale(0) is None and sorted(c.k_idx_scale) == [1, 3]
     ks, vs = c.scales(1)
     assert ks is c.k_scale[1] and vs is c.v_scale[1]
     slots = 6 * 16
-    assert c.bytes() == 4 * 2 * slots * 3 * (64 + 4) + 2 * slots * 32 * 2
+    assert c.bytes() == 4 * 2 * slots * 3 * (64 + 4) + 2 * slots * (32 + 4)
     plain = KVCache(4, 3, 64, CacheConfig(page_size=16, num_pages=5, dtype=BF16), torch.device("cpu"))
     assert not plain.quantized and plain.scales(0) == (None, None) and plain.k_scale == []
-    # per token: 1 byte per element + 2 fp32 scales per (layer, KV head); the index keys in the model dtype
+    # per token: 1 byte per element + 2 fp32 scales per (layer, KV head); the index keys in their dtype (int8:
+    # + one fp32 scale per index layer)
     assert bytes_per_token(30, 3, 64, FP8) == 30 * 3 * (2 * 64 + 8)
     assert bytes_per_token(4, 4, 128, FP8, 128, 4, BF16) == 4 * 4 * (2 * 128 + 8) + 2 * 4 * 128
+    assert bytes_per_token(4, 4, 128, FP8, 128, 4, torch.int8) == 4 * 4 * (2 * 128 + 8) + 4 * (128 + 4)
+    assert index_key_dtype(FP8, BF16) == torch.int8 and index_key_dtype(BF16, None) == BF16
     ratio = bytes_per_token(30, 3, 64, BF16) / bytes_per_token(30, 3, 64, FP8)
     assert 1.85 < ratio < 1.9  # ~1.9x the tokens in the same GPU memory at head_dim 64
     with pytest.raises(ValueError, match="model_dtype"):
         KVCache(2, 1, 16, CacheConfig(page_size=16, num_pages=2, dtype=FP8), torch.device("cpu"),
                 index_dim=8, index_layers=(0,))
+
+
+def test_write_index_keys_quantises_to_int8():
+    """An FP8 cache's index keys: int8 codes and one fp32 scale per token by the rule of `kernels._common.int8`;
+    a bf16 cache's: cast, no scales."""
+    from kernels._common.int8 import quantize_int8_rows
+
+    g = torch.Generator().manual_seed(2)
+    k = torch.randn(5, 32, generator=g) * 5
+    k[2] = 0  # an all-zero row: the 1e-12 floor
+    pages, offs = torch.tensor([0, 3, 3, 1, 2]), torch.tensor([7, 0, 5, 2, 2])
+    c = KVCache(2, 1, 16, CacheConfig(page_size=8, num_pages=4, dtype=FP8, model_dtype=BF16), torch.device("cpu"),
+                index_dim=32, index_layers=(1,))
+    c.write_index_keys(1, pages, offs, k)
+    k8, scale = quantize_int8_rows(k)
+    assert torch.equal(c.k_idx[1][pages, offs], k8) and torch.equal(c.index_scale(1)[pages, offs], scale)
+    got = c.k_idx[1][pages, offs].float() * c.index_scale(1)[pages, offs, None]
+    assert ((got - k).abs() <= scale[:, None] / 2 + 1e-6).all() and torch.equal(got[2], k[2])
+    plain = KVCache(2, 1, 16, CacheConfig(page_size=8, num_pages=4, dtype=BF16), torch.device("cpu"),
+                    index_dim=32, index_layers=(1,))
+    plain.write_index_keys(1, pages, offs, k)
+    assert plain.index_scale(1) is None and torch.equal(plain.k_idx[1][pages, offs], k.to(BF16))
 
 
 def test_write_kv_quantises_rows():
@@ -262,6 +288,27 @@ def test_default_model_fp8_cache_against_fp32(default_llm, kind):
     assert sum(x == y for x, y in zip(a.token_ids, b.token_ids, strict=True)) >= 3
 
 
+@pytest.mark.timeout(600)
+def test_default_model_fp8_msa_selects_on_int8_index_keys(default_llm):
+    """1000 tokens (8 blocks of 128, top-k 4: the selection matters): the fp8 cache holds the index keys as int8
+    with a scale per written token, and MSA on it generates what MSA on the fp32 cache generates (the
+    projections' keys from the two runs differ by the fp8 K/V of the layers before)."""
+    from engine import LLM, SamplingParams
+
+    ids = default_llm._to_ids(PROMPT * 60)[:1000]
+    out = {}
+    for kv in ("auto", "fp8"):
+        llm = LLM("smollm2-135m", attention="msa", device="cpu", kv_cache_tokens=2048, progress=False,
+                  kv_cache_dtype=kv, msa_overrides={"topk": 4})
+        out[kv] = llm.generate([ids], SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+        if kv == "fp8":
+            layer = min(llm.cache.k_idx)
+            assert llm.cache.k_idx[layer].dtype == torch.int8
+            assert int((llm.cache.index_scale(layer) > 0).sum()) >= len(ids)  # every written token has its scale
+    assert out["fp8"][0] == out["auto"][0]
+    assert sum(x == y for x, y in zip(out["auto"], out["fp8"], strict=True)) >= 6
+
+
 # -- bad input --------------------------------------------------------------------------------------------
 def test_kv_dtype_choices_and_refusals(monkeypatch):
     from msa_eval.cli.options import KV_CACHE_DTYPES
@@ -347,8 +394,10 @@ def test_gpu_engine_fp8_cache_against_bf16(kind):
         cache_bytes[kv] = llm.cache.bytes() / (llm.cache.cfg.num_pages + 1)
         del llm
         torch.cuda.empty_cache()
-    if kind == "dense":  # MSA adds bf16 index keys to both
+    if kind == "dense":
         assert 1.8 < cache_bytes["bf16"] / cache_bytes["fp8"] < 2.0
+    else:  # the index keys too: int8 + a scale beside the fp8 cache
+        assert 1.7 < cache_bytes["bf16"] / cache_bytes["fp8"] < 2.0
     for a, b in zip(out["bf16"], out["fp8"], strict=True):
         assert a.token_ids[0] == b.token_ids[0]
         assert sum(x == y for x, y in zip(a.token_ids, b.token_ids, strict=True)) >= 12

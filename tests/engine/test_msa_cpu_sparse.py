@@ -61,6 +61,25 @@ def test_indexer_equals_reference(shape):
         assert torch.equal(prefill_block_ids(q_idx, kic, meta, k), ref), (shape, q_lens, kv_lens)
 
 
+@pytest.mark.parametrize("shape", SHAPES[:3])
+def test_indexer_on_int8_keys_equals_reference(shape):
+    """An FP8 cache's int8 index keys (with their scales): the CPU selection is the reference's on them (keys
+    dequantised, queries rounded to int8 per row), and not the one of the unquantised keys everywhere."""
+    from kernels._common.int8 import quantize_int8_rows
+
+    hq, hkv, d, B, k = shape
+    differs = 0
+    for q_lens, kv_lens in BATCHES:
+        meta, g = _batch(q_lens, kv_lens, B, seed=hq + B + len(q_lens))
+        _, _, _, kic, q_idx = _tensors(meta, hq, hkv, d, B, g)
+        k8, scale = quantize_int8_rows(kic)
+        args = (meta.page_table, meta.cu_seqlens_q, meta.seq_lens_kv, k)
+        ref = indexer_paged_reference(q_idx, k8, *args, k_idx_scale=scale)
+        assert torch.equal(prefill_block_ids(q_idx, k8, meta, k, scale), ref), (shape, q_lens, kv_lens)
+        differs += int(not torch.equal(ref, indexer_paged_reference(q_idx, kic, *args)))
+    assert differs  # random keys and queries: the int8 rounding moves some near-tie selection
+
+
 def test_block_tiles_cover_the_queries_once():
     for ql, kl, B in [(37, 37, 16), (70, 200, 64), (1, 130, 64), (300, 300, 128), (64, 64, 64)]:
         tiles = block_tiles(ql, kl, B)
