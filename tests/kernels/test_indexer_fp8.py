@@ -24,6 +24,11 @@ def _fp8_case(paged_case, q_lens, kv_lens, **kw) -> tuple[dict, Args, torch.Tens
     return case, args, scale
 
 
+# Hopper's e4m3 tensor-core dot does not accumulate in full fp32 (DeepSeek-V3's report, section 3.3.2: about 14
+# bits): block scores of the fp8 dot on an H200 are 6.8e-5 (relative RMS) from the exact ones, a selection
+# 1.5e-3 from a 2.6 threshold; the interpreter and the widened path are exact to fp32
+FP8_DOT_GPU = dict(ratio=2e-4, tie_tol=5e-3) if CUDA else dict(ratio=1e-5, tie_tol=1e-3)
+
 CASES = [  # q_lens, kv_lens (prefix = kv - q), H, d_idx, B, topk
     ([70, 5, 33], [262, 5, 400], 3, 64, 64, 4),
     ([17, 60], [1100, 700], 2, 32, 64, 16),
@@ -54,10 +59,13 @@ def test_fp8_block_scores_and_lse_match_reference(paged_case, fp8_dot):
     ref = torch.nn.functional.pad(ref, (0, got.shape[-1] - ref.shape[-1]), value=float("-inf"))
     local = torch.cat([(300 - 20 + torch.arange(20)) // 64, (130 - 3 + torch.arange(3)) // 64])
     history = (torch.arange(got.shape[-1])[None, :] < local[:, None])[:, None, :].expand_as(got)
-    assert_close("block scores", ref.cpu()[history], got.cpu()[history], 1e-5, atol=1e-3)
+    tol = FP8_DOT_GPU if fp8_dot else dict(ratio=1e-5, tie_tol=1e-3)
+    assert_close("block scores", ref.cpu()[history], got.cpu()[history], tol["ratio"],
+                 atol=1e-3 if tol["ratio"] == 1e-5 else 5e-2)
     ids, lse = msa_indexer(*args, 4, impl="triton", return_lse=True, k_idx_scale=scale, index_fp8_dot=fp8_dot)
     ref_ids, ref_lse = naive.indexer_paged_reference(*args, 4, return_lse=True, k_idx_scale=scale, fp8_dot=fp8_dot)
-    assert_close("ids", ref_ids, ids, scores=naive.paged_block_scores(*args, k_idx_scale=scale, fp8_dot=fp8_dot))
+    assert_close("ids", ref_ids, ids, scores=naive.paged_block_scores(*args, k_idx_scale=scale, fp8_dot=fp8_dot),
+                 tie_tol=tol["tie_tol"])
     assert_close("lse", ref_lse, lse, 1e-4, atol=1e-3)
 
 
@@ -113,7 +121,7 @@ def _bad(case, k8, scale, **override):
      "q_idx must be one of"),
 ])
 def test_fp8_bad_input_is_one_line(paged_case, impl, make, match):
-    case = paged_case([10], [200], hkv=2, d_idx=64, block=64)
+    case = paged_case([10], [200], hkv=2, d_idx=64, block=64, device=DEV)
     k8, scale = quantize_index_keys(case["k_idx_cache"])
     with pytest.raises(ValueError, match=match) as err:
         msa_indexer(**_bad(case, k8, scale, **make(case, k8, scale)), impl=impl)
@@ -121,7 +129,7 @@ def test_fp8_bad_input_is_one_line(paged_case, impl, make, match):
 
 
 def test_launch_refuses_a_plan_for_other_keys(paged_case):
-    case = paged_case([10], [200], hkv=2, d_idx=64, block=64)
+    case = paged_case([10], [200], hkv=2, d_idx=64, block=64, device=DEV)
     k8, scale = quantize_index_keys(case["k_idx_cache"])
     args: Args = (case["q_idx"], k8, case["page_table"], case["cu_seqlens_q"], case["seq_lens_kv"])
     bf16_plan = plan_indexer(case["q_idx"], case["k_idx_cache"], 8, impl="triton", output="block_scores")
@@ -140,7 +148,8 @@ def test_fp8_kernel_on_gpu_at_size(paged_case, fp8_dot):
     case, args, scale = _fp8_case(paged_case, q_lens, kv_lens, hkv=3, d_idx=128, block=128, seed=11)
     ids = msa_indexer(*args, 16, k_idx_scale=scale, index_fp8_dot=fp8_dot)
     ref = naive.indexer_paged_reference(*args, 16, k_idx_scale=scale, fp8_dot=fp8_dot)
-    assert_close("ids", ref, ids, scores=naive.paged_block_scores(*args, k_idx_scale=scale, fp8_dot=fp8_dot))
+    assert_close("ids", ref, ids, scores=naive.paged_block_scores(*args, k_idx_scale=scale, fp8_dot=fp8_dot),
+                 tie_tol=FP8_DOT_GPU["tie_tol"] if fp8_dot else 1e-3)
     bf16 = msa_indexer(case["q_idx"], case["k_idx_cache"], *args[2:], 16)
     same = (ids.long().sort(-1).values == bf16.long().sort(-1).values).all(-1).float().mean().item()
     assert same > 0.5, f"fp8 and bf16 keys pick the same blocks on only {same:.1%} of rows"

@@ -72,7 +72,7 @@ def test_reference_dequantises_exactly(paged_case):
     ({"index_fp8_dot": True}, "index_fp8_dot=True scores against float8_e4m3fn"),
 ])
 def test_int8_bad_input_is_one_line(paged_case, impl, override, match):
-    case = paged_case([10], [200], hkv=2, d_idx=64, block=64)
+    case = paged_case([10], [200], hkv=2, d_idx=64, block=64, device=DEV)
     k8, scale = quantize_int8_rows(case["k_idx_cache"])
     args = dict(q_idx=case["q_idx"], k_idx_cache=k8, page_table=case["page_table"],
                 cu_seqlens_q=case["cu_seqlens_q"], seq_lens_kv=case["seq_lens_kv"], topk=8, k_idx_scale=scale)
@@ -82,7 +82,7 @@ def test_int8_bad_input_is_one_line(paged_case, impl, override, match):
 
 
 def test_launch_refuses_a_plan_for_other_keys(paged_case):
-    case = paged_case([10], [200], hkv=2, d_idx=64, block=64)
+    case = paged_case([10], [200], hkv=2, d_idx=64, block=64, device=DEV)
     k8, scale = quantize_int8_rows(case["k_idx_cache"])
     bf16_plan = plan_indexer(case["q_idx"], case["k_idx_cache"], 8, impl="triton", output="block_scores")
     with pytest.raises(ValueError, match="made for bf16/fp16 index keys, got a int8 k_idx_cache: plan again"):
