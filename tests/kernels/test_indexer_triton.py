@@ -59,10 +59,11 @@ def test_plan_decides_impl_and_outputs(paged_case):
     case = paged_case([10], [100], hkv=2, d_idx=64, block=64)
     plan = plan_indexer(case["q_idx"], case["k_idx_cache"], 8)
     assert (plan.impl, plan.tokens_per_tile, plan.block, plan.check_lengths) == ("torch", 64, 64, True)
-    unchecked = plan_indexer(case["q_idx"], case["k_idx_cache"], 8, impl="triton", check_lengths=False)
+    dev = paged_case([10], [100], hkv=2, d_idx=64, block=64, device=DEV)  # Triton plans: a GPU or the interpreter
+    unchecked = plan_indexer(dev["q_idx"], dev["k_idx_cache"], 8, impl="triton", check_lengths=False)
     assert unchecked.check_lengths is False
     with pytest.raises(ValueError, match="takes bfloat16 or float16 q_idx"):
-        plan_indexer(case["q_idx"].float(), case["k_idx_cache"].float(), 8, impl="triton")
+        plan_indexer(dev["q_idx"].float(), dev["k_idx_cache"].float(), 8, impl="triton")
     with pytest.raises(ValueError, match="comes from the Triton kernel only"):
         plan_indexer(case["q_idx"], case["k_idx_cache"], 8, impl="torch", output="block_scores")
 
