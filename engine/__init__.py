@@ -11,7 +11,6 @@ __all__ = ["LLM", "RequestOutput", "SamplingParams", "EngineError", "ContextTooL
            "ModelNotFoundError", "UnsupportedModelError"]
 
 
-
 def _check_own_kernels() -> None:
     """`kernels` is also the import name of Hugging Face's `kernels` distribution, a dependency of
     transformers >= 5.25; whichever comes first on the path hides the other. Refuse to run the
