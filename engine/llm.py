@@ -172,19 +172,20 @@ class LLM:
         except ValueError as e:
             raise EngineError(str(e)) from None
         fp8 = self.kv_dtype == torch.float8_e4m3fn
+        model_dtype = self.dtype if fp8 else None  # FP8: q stays in the model dtype, the index keys go int8
         self.kv_dtype_name = kv_dtype_name(self.kv_dtype)
         tokens = kv_cache_tokens
         if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
             per_token = bytes_per_token(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim,
                                         self.kv_dtype, index_dim, len(index_layers),
-                                        index_key_dtype(self.kv_dtype, self.dtype))
+                                        index_key_dtype(self.kv_dtype, model_dtype))
             tokens = tokens_for_free_memory(per_token, self.device, gpu_memory_fraction)
             if tokens < self.max_model_len:
                 raise EngineError(f"free GPU memory holds a KV cache of {tokens} tokens, less than the context "
                                   f"{self.max_model_len}: lower max_model_len or free GPU memory")
         tokens = tokens or max(2 * self.max_model_len, 32768)
         cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype,
-                                model_dtype=self.dtype if fp8 else None)  # FP8: q stays, index keys int8
+                                model_dtype=model_dtype)
         self.cache = KVCache(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,
