@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from engine.config import ModelConfig
-from engine.kv_cache import bytes_per_token
+from engine.kv_cache import bytes_per_token, index_key_dtype
 from engine.m3.checkpoint import open_checkpoint
 
 SHORT = {"full_attention": "full", "minimax_m3_sparse": "sparse", "dense": "dense", "sparse": "moe"}
@@ -59,6 +59,12 @@ def describe(path: Path, cfg: ModelConfig) -> dict[str, Any]:
         "kv_cache_bytes_per_token_bf16": bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                                          torch.bfloat16, index_dim=m3.index_head_dim,
                                                          num_index_layers=len(m3.sparse_layers)),
+        # --kv-cache-dtype fp8: e4m3 K/V + a fp32 scale per token and KV head, int8 index keys + a fp32 scale
+        "kv_cache_bytes_per_token_fp8": bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                        torch.float8_e4m3fn, index_dim=m3.index_head_dim,
+                                                        num_index_layers=len(m3.sparse_layers),
+                                                        index_dtype=index_key_dtype(torch.float8_e4m3fn,
+                                                                                    torch.bfloat16)),
         "config": dataclasses.asdict(cfg),
     }
 
@@ -94,5 +100,6 @@ def rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
         ("context", c["max_position"]),
         ("vocab", c["vocab_size"]),
         ("parameters", f"{n / 1e9:.3f} B" if n >= 1e8 else f"{n / 1e6:.3f} M"),
-        ("kv cache / token (bf16)", f"{d['kv_cache_bytes_per_token_bf16']} bytes"),
+        ("kv cache / token", f"{d['kv_cache_bytes_per_token_bf16']} bytes (bf16), "
+                             f"{d['kv_cache_bytes_per_token_fp8']} bytes (--kv-cache-dtype fp8)"),
     ]

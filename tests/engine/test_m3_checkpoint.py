@@ -383,6 +383,9 @@ def test_models_info_json_from_config_and_headers(hub, fp8, tmp_path):
     # bf16 (2 bytes): K and V of every layer, plus one index key on each of the 2 sparse layers
     kv = 2 * 4 * TC["num_key_value_heads"] * TC["head_dim"]
     assert d["kv_cache_bytes_per_token_bf16"] == 2 * (kv + 2 * TC["index_head_dim"])
+    # fp8: 1 byte per element + a fp32 scale per token and KV head for K and for V; int8 index keys + a fp32 scale
+    assert d["kv_cache_bytes_per_token_fp8"] == kv + 4 * 2 * 4 * TC["num_key_value_heads"] \
+        + 2 * (TC["index_head_dim"] + 4)
     assert d["chat_template"] is True
     r = subprocess.run([*CLI, "models", "info", str(fp8)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
