@@ -100,6 +100,6 @@ def rows(d: dict[str, Any]) -> list[tuple[str, Any]]:
         ("context", c["max_position"]),
         ("vocab", c["vocab_size"]),
         ("parameters", f"{n / 1e9:.3f} B" if n >= 1e8 else f"{n / 1e6:.3f} M"),
-        ("kv cache / token", f"{d['kv_cache_bytes_per_token_bf16']} bytes (bf16), "
-                             f"{d['kv_cache_bytes_per_token_fp8']} bytes (--kv-cache-dtype fp8)"),
+        ("kv cache / token", (f"{d['kv_cache_bytes_per_token_bf16']} bytes (bf16), "
+                              f"{d['kv_cache_bytes_per_token_fp8']} bytes (--kv-cache-dtype fp8)")),
     ]
