@@ -17,9 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels._common.fp8 import FP8, quantize_rows
-from kernels._common.int8 import quantize_int8_rows
-
-INT8 = torch.int8
+from kernels._common.int8 import INT8, quantize_int8_rows
 
 
 def index_key_dtype(kv_dtype: torch.dtype, model_dtype: torch.dtype | None) -> torch.dtype:
