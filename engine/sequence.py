@@ -58,6 +58,7 @@ class Sequence:
     def metrics(self) -> dict[str, Any]:
         """Timings (s), `attention_density` (MSA) and, with selection telemetry, `msa_telemetry` (a dict)."""
         m: dict[str, Any] = {
+            "queue_s": (self.first_scheduled - self.arrival) if self.first_scheduled else None,
             "prefill_s": ((self.first_token - self.first_scheduled) if self.first_token and self.first_scheduled
                           else None),
             "ttft_s": (self.first_token - self.arrival) if self.first_token else None,

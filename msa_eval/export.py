@@ -65,7 +65,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("finish_reason", "string", "stop, length, ... as the backend reported it"),
     Column("latency_s", "float64", "request wall time, seconds"),
     Column("ttft_s", "float64", "time to first token, seconds"),
-    Column("queue_s", "float64", "time waiting before the prefill (servers that report it)"),
+    Column("queue_s", "float64", "time waiting before the prefill (msa-eval serve and the local engine report it)"),
     Column("prefill_s", "float64", "prefill time, seconds"),
     Column("decode_s", "float64", "decode time, seconds"),
     Column("attention_density", "float64", "keys read / keys a dense pass reads (null: not reported)"),

@@ -40,7 +40,7 @@ class GenResult:
     completion_tokens: int | None = None
     latency_s: float | None = None
     ttft_s: float | None = None
-    queue_s: float | None = None  # waiting before the first scheduled step (a server that reports it)
+    queue_s: float | None = None  # waiting before the first scheduled step (a server that reports it, the local engine)
     prefill_s: float | None = None
     decode_s: float | None = None
     error: str | None = None

@@ -108,12 +108,13 @@ class LocalBackend:
         for rid, (r, n_prompt, t0) in live.items():
             out = eng.finish(rid)  # raises the error the engine ended the request with
             m = out.metrics
-            extra = {k: v for k, v in m.items() if k not in ("prefill_s", "decode_s", "ttft_s")}
+            extra = {k: v for k, v in m.items() if k not in ("queue_s", "prefill_s", "decode_s", "ttft_s")}
             extra["kv_cache_dtype"] = self.llm.kv_dtype_name  # the record tells bf16 and fp8 runs apart
             results[r.id] = GenResult(
                 r.id, out.text, out.finish_reason or "stop", prompt_tokens=n_prompt,
                 completion_tokens=len(out.token_ids), latency_s=time.perf_counter() - t0,
-                ttft_s=m.get("ttft_s"), prefill_s=m.get("prefill_s"), decode_s=m.get("decode_s"), extra=extra)
+                ttft_s=m.get("ttft_s"), queue_s=m.get("queue_s"), prefill_s=m.get("prefill_s"),
+                decode_s=m.get("decode_s"), extra=extra)
         return [results[r.id] for r in requests]
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

@@ -68,8 +68,8 @@ def latency_markdown(rows: list[dict[str, Any]]) -> list[str]:
     out = ["", "## Latency and cost per backend x task x length", "",
            ("Means over answered samples. ttft_s: the client's when it streamed, else the engine's/server's; "
             "decode_tok_s: tokens after the first / decode time (the server's decode_s when reported, else "
-            "latency - ttft); queue_s / prefill_s / decode_s: the server's own split where it sends one "
-            "(msa-eval serve); tokens_in / tokens_out: per sample; cost_usd: the cell's total from the price "
+            "latency - ttft); queue_s / prefill_s / decode_s: the engine's own split (msa-eval serve, the local "
+            "backend); tokens_in / tokens_out: per sample; cost_usd: the cell's total from the price "
             "table (empty: a price is unknown)."), "",
            "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
     for r in rows:

@@ -44,7 +44,7 @@ class SampleRecord(BaseModel):
     finish_reason: str | None = None
     latency_s: float | None = None
     ttft_s: float | None = None
-    queue_s: float | None = None  # a server that reports its split (msa-eval serve): waiting before the prefill
+    queue_s: float | None = None  # waiting before the prefill: msa-eval serve's split, or the local engine's
     prefill_s: float | None = None
     decode_s: float | None = None
     attention_density: float | None = None

@@ -42,6 +42,8 @@ def test_records_and_manifest_fields(needle_run):
         # the answer prefix opens the assistant turn: rendered with the model's own template
         assert r.prompt_format == "chat-prefill" and r.prompt_tokens == r.prompt_tokens_ref
         assert r.prefill_s and r.prefill_s > 0 and r.latency_s and r.latency_s > 0
+        # the engine's split: waiting for the first scheduled step, then the prefill, make the TTFT
+        assert r.queue_s is not None and r.queue_s >= 0 and abs(r.queue_s + r.prefill_s - r.ttft_s) < 1e-3
         assert r.depth is not None and len(r.prompt_hash) == 16
 
 
