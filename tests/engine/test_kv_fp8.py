@@ -309,6 +309,31 @@ def test_default_model_fp8_msa_selects_on_int8_index_keys(default_llm):
     assert sum(x == y for x, y in zip(out["auto"], out["fp8"], strict=True)) >= 6
 
 
+@pytest.mark.timeout(600)
+def test_m3_fp8_cache_keeps_int8_index_keys(tmp_path):
+    """MiniMax-M3 (a tiny random checkpoint, `engine.m3.testing`; 876 tokens = 14 blocks of 64, its index branch
+    at top-4) on an fp8 cache: its sparse layers' index keys are int8 with scales, and the first token's top-5
+    log-probs are the fp32 cache's to 0.05 (measured: 0.007)."""
+    pytest.importorskip("transformers")
+    from engine import LLM, SamplingParams
+    from engine.m3.testing import text_config, write_checkpoint
+
+    write_checkpoint(tmp_path / "m3", text_config(num_layers=4, block=64, topk_blocks=4))
+    ids = list(range(8, 300)) * 3
+    out = {}
+    for kv in ("auto", "fp8"):
+        llm = LLM(str(tmp_path / "m3"), attention="msa", device="cpu", kv_cache_tokens=4096, kv_cache_dtype=kv,
+                  progress=False)
+        if kv == "fp8":
+            assert sorted(llm.cache.k_idx) == sorted(llm.cache.k_idx_scale) == [1, 3]  # the sparse layers
+            assert all(t.dtype == torch.int8 for t in llm.cache.k_idx.values())
+        out[kv] = llm.generate([ids], SamplingParams(max_tokens=2, ignore_eos=True, logprobs=5))[0]
+    la, lb = out["auto"].logprobs[0][1], out["fp8"].logprobs[0][1]
+    common = set(la) & set(lb)
+    assert out["auto"].token_ids[0] == out["fp8"].token_ids[0] and len(common) >= 4
+    assert max(abs(la[t] - lb[t]) for t in common) < 0.05
+
+
 # -- bad input --------------------------------------------------------------------------------------------
 def test_kv_dtype_choices_and_refusals(monkeypatch):
     from msa_eval.cli.options import KV_CACHE_DTYPES
