@@ -34,14 +34,14 @@ def load_arm(weights: str, arm: Arm, kv_tokens: int):
 
 
 def _warm(llm) -> None:
-    from benchmarks.cpu_engine.run import prompt_ids
+    from benchmarks.cpu_engine.jobs import prompt_ids
     from engine import SamplingParams
 
     llm.generate([prompt_ids(300, 1)], SamplingParams(max_tokens=2, ignore_eos=True))
 
 
 def _prefill_seconds(llm, n: int, clock: str) -> float:
-    from benchmarks.cpu_engine.run import prompt_ids
+    from benchmarks.cpu_engine.jobs import prompt_ids
     from engine import SamplingParams
 
     ids = prompt_ids(n, n)
@@ -51,7 +51,7 @@ def _prefill_seconds(llm, n: int, clock: str) -> float:
 
 
 def _decode_tokens_per_s(llm, metric: str, p) -> float:
-    from benchmarks.cpu_engine.run import our_job
+    from benchmarks.cpu_engine.jobs import our_job
 
     job, tokens = our_job(llm, metric, p)
     return tokens / job()

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.cli import env_row, parser, run_sections, table
-
-Job = tuple[Callable[[], float], int]  # (run once, returning the seconds to count; tokens counted)
+from benchmarks.cpu_engine.jobs import Job, our_job, prompt_ids, timed
 
 
 @dataclass(frozen=True)
@@ -67,46 +66,6 @@ PRESETS: dict[str, Preset] = {
                  ("prefill_64", "decode_b1", "decode_b2"), weights=("fp32", "q4"), hf_dtypes=("float32",),
                  repeats=1, context=16, new_tokens=4),
 }
-
-
-def prompt_ids(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(100, 40000, (n,), generator=g).tolist()
-
-
-def timed(fn: Callable) -> Callable[[], float]:
-    def job() -> float:
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    return job
-
-
-def our_job(llm, metric: str, p: Preset) -> Job:
-    from engine import SamplingParams
-
-    if metric.startswith("prefill_"):
-        n = int(metric.split("_")[1])
-        ids = prompt_ids(n, n)
-        return timed(lambda: llm.generate([ids], SamplingParams(max_tokens=1, ignore_eos=True))), n
-    b = int(metric.split("_b")[1])
-    batch = [prompt_ids(p.context, 100 + i) for i in range(b)]
-    dec = SamplingParams(max_tokens=p.new_tokens, ignore_eos=True)
-
-    def decode() -> float:
-        eng = llm.engine
-        ids = [f"bench-{time.perf_counter_ns()}-{i}" for i in range(b)]
-        seqs = [eng.add_request(r, q, dec) for r, q in zip(ids, batch, strict=True)]
-        while any(not s.output_ids for s in seqs):  # prefill steps, up to every request's first token
-            eng.step()
-        t = time.perf_counter()
-        while eng.has_unfinished():
-            eng.step()
-        dt = time.perf_counter() - t
-        for r in ids:
-            eng.pop_finished(r)
-        return dt
-    return decode, b * (p.new_tokens - 1)
 
 
 def hf_job(model, metric: str, p: Preset) -> Job:
