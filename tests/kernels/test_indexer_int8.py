@@ -102,3 +102,15 @@ def test_int8_kernel_on_gpu_at_size(paged_case):
     bf16 = msa_indexer(case["q_idx"], case["k_idx_cache"], *args[2:], 16)
     same = (ids.long().sort(-1).values == bf16.long().sort(-1).values).all(-1).float().mean().item()
     assert same > 0.5, f"int8 and bf16 keys pick the same blocks on only {same:.1%} of rows"
+
+
+def test_indexer_benchmark_times_int8_keys():
+    """`python -m benchmarks.kernels.run --op indexer --preset int8` times bf16, int8 and fp8 keys; its `ci`
+    preset runs the same code on tiny shapes (interpreter on a CPU)."""
+    from benchmarks.kernels import indexer as bench
+
+    assert bench.PRESETS["int8"].keys == ("bf16", "int8", "fp8")
+    rows = bench.run("ci")
+    assert [r["keys"] for r in rows] == ["bf16", "int8"] * 2
+    assert all(r["indexer_ms"] > 0 and r["score_only_ms"] > 0 for r in rows)
+    assert rows[0]["torch_topk_ms"] is not None and rows[1]["torch_topk_ms"] is None  # the topk baseline: bf16 only
