@@ -105,18 +105,21 @@ class _NoTokenizer:
 def random_engine(model: CausalLM, attention, device: torch.device | str, kv_cache_tokens: int,
                   max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                   cuda_graphs: bool = True, index_dim: int = 0, index_layers: tuple[int, ...] = (),
-                  page_size: int = 128, telemetry=None):
+                  page_size: int = 128, telemetry=None, kv_dtype: torch.dtype | None = None):
     """An `LLMEngine` over a random stack (drive it with token ids: `stream`, or add_request / step; read
     results with `pop_finished`: a random stack has no text). MSA: pass the indexer's `config.d_idx`
-    and `layers` as `index_dim` / `index_layers`; `telemetry` an `engine.msa.telemetry.TelemetryConfig`."""
+    and `layers` as `index_dim` / `index_layers`; `telemetry` an `engine.msa.telemetry.TelemetryConfig`;
+    `kv_dtype` the K/V cache's (None: the model's; torch.float8_e4m3fn: `--kv-cache-dtype fp8`'s cache)."""
     from engine.kv_cache import CacheConfig, KVCache
     from engine.llm_engine import LLMEngine
     from engine.scheduler import SchedulerConfig
 
     cfg, device = model.cfg, torch.device(device)
     dtype = next(model.parameters()).dtype
+    kv = kv_dtype or dtype
     cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                    CacheConfig(page_size=page_size, num_pages=-(-kv_cache_tokens // page_size), dtype=dtype),
+                    CacheConfig(page_size=page_size, num_pages=-(-kv_cache_tokens // page_size), dtype=kv,
+                                model_dtype=dtype if kv != dtype else None),
                     device, index_dim=index_dim, index_layers=index_layers)
     return LLMEngine(model, _NoTokenizer(), attention, cache, SchedulerConfig(max_num_seqs, max_num_batched_tokens),
                      max_model_len or cfg.max_position, device, cuda_graphs=cuda_graphs, telemetry=telemetry)

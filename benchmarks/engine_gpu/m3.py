@@ -13,6 +13,7 @@ projections and MoE, so the whole-layer ratio is bounded by what attention's sha
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ class LayerTimer:
 
 
 def _engine(model, kind: str, kv_tokens: int, max_num_seqs: int, max_batched: int, max_model_len: int,
-            graphs: bool, telemetry=None):
+            graphs: bool, telemetry=None, kv_dtype: torch.dtype | None = None):
     from engine.attention import make_attention
     from engine.testing import random_engine
 
@@ -81,7 +82,7 @@ def _engine(model, kind: str, kv_tokens: int, max_num_seqs: int, max_batched: in
                          max_num_batched_tokens=max_batched, max_model_len=max_model_len,
                          cuda_graphs=graphs and model.supports_cuda_graphs,
                          index_dim=indexer.config.d_idx if indexer else 0,
-                         index_layers=indexer.layers if indexer else (), telemetry=telemetry)
+                         index_layers=indexer.layers if indexer else (), telemetry=telemetry, kv_dtype=kv_dtype)
 
 
 def bounds(cfg, ctx: int, batch: int) -> dict:
@@ -146,6 +147,7 @@ class M3Slice:
     steps: int = 8
     repeats: int = 2  # TTFT runs per (arm, length), the last one reported: the first compiles new kernel shapes
     graphs: bool = True
+    kv_caches: tuple[str, ...] = ("bf16",)  # decode rows per cache: bf16 | fp8 (e4m3 K/V, int8 index keys)
     name = "m3_slice"
 
     def run(self, opts) -> list[dict]:
@@ -201,23 +203,22 @@ class M3Slice:
 
     def _decode(self, model, timer: LayerTimer) -> list[dict]:
         rows = []
-        for ctx in self.decode_contexts:
-            for batch in self.batches:
-                for kind in ("msa", "dense"):
-                    free()
-                    eng = _engine(model, kind, batch * (ctx + 2 * self.steps + 256), batch, 8192,
-                                  ctx + 2 * self.steps + 128, graphs=self.graphs)
-                    fake_prefill(eng, batch, ctx, max_tokens=2 * self.steps + 8)
-                    graphs_on = eng.use_cuda_graphs
-                    timer.reset()
-                    t = statistics.median(timed_steps(eng, self.steps))
-                    layer_ms = {k: v / (self.steps + 2) for k, v in timer.totals_ms().items()} if not graphs_on else {}
-                    row = {"bench": "m3_decode", "attention": kind, "ctx": ctx, "batch": batch, "graphs": graphs_on,
-                           "step_ms": t * 1e3, "tok_s": batch / t, "cache_gib": eng.cache.bytes() / 2**30,
-                           "peak_gib": peak_gib(), "layer_ms": layer_ms, **bounds(model.cfg, ctx, batch)}
-                    rows.append(row)
-                    print({k: v for k, v in row.items() if k != "layer_ms"}, layer_ms, flush=True)
-                    del eng
+        for ctx, batch, kv, kind in itertools.product(self.decode_contexts, self.batches, self.kv_caches,
+                                                      ("msa", "dense")):
+            free()
+            eng = _engine(model, kind, batch * (ctx + 2 * self.steps + 256), batch, 8192, ctx + 2 * self.steps + 128,
+                          graphs=self.graphs, kv_dtype=torch.float8_e4m3fn if kv == "fp8" else None)
+            fake_prefill(eng, batch, ctx, max_tokens=2 * self.steps + 8)
+            graphs_on = eng.use_cuda_graphs
+            timer.reset()
+            t = statistics.median(timed_steps(eng, self.steps))
+            layer_ms = {k: v / (self.steps + 2) for k, v in timer.totals_ms().items()} if not graphs_on else {}
+            row = {"bench": "m3_decode", "attention": kind, "kv_cache": kv, "ctx": ctx, "batch": batch,
+                   "graphs": graphs_on, "step_ms": t * 1e3, "tok_s": batch / t, "cache_gib": eng.cache.bytes() / 2**30,
+                   "peak_gib": peak_gib(), "layer_ms": layer_ms, **bounds(model.cfg, ctx, batch)}
+            rows.append(row)
+            print({k: v for k, v in row.items() if k != "layer_ms"}, layer_ms, flush=True)
+            del eng
         return rows
 
 

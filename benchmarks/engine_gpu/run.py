@@ -56,6 +56,10 @@ PRESETS: dict[str, Preset] = {
     "m3-prefill": Preset("the m3-slice prefill rows only", (M3Slice(decode_contexts=()),)),
     "m3-decode": Preset("the m3-slice decode rows only, then m3-vs-hf", (M3Slice(prefill=(), dense_prefill=()),
                                                                         M3VersusHF())),
+    "m3-decode-fp8": Preset("M3 slice decode at 128K batch 64, MSA and dense, on a bf16 and an fp8 cache (e4m3 K/V, "
+                            "int8 index keys: --kv-cache-dtype fp8)",
+                            (M3Slice(prefill=(), dense_prefill=(), decode_contexts=(131072,), batches=(64,),
+                                     kv_caches=("bf16", "fp8")),)),
     "m3-vs-hf": Preset("M3 slice (16 experts) TTFT 4K-32K: ours (msa) vs transformers' own M3 (sdpa, its Hopper path)",
                        (M3VersusHF(),)),
     "m3-split": Preset("where an M3 decode step goes: eager steps (per-layer CUDA events) at 128K batch 64, and "
@@ -65,7 +69,7 @@ PRESETS: dict[str, Preset] = {
                            (M3Telemetry(),)),
     "m3-smoke": Preset("the M3 slice at tiny sizes (8 experts, 8K / 16K, batch 1 and 4): checks the section",
                        (M3Slice(prefill=(8192, 16384), dense_prefill=(8192,), decode_contexts=(8192,),
-                                batches=(1, 4), experts=8, chunk=8192, steps=4),
+                                batches=(1, 4), experts=8, chunk=8192, steps=4, kv_caches=("bf16", "fp8")),
                         M3VersusHF(lengths=(4096,), experts=8), M3Telemetry(lengths=(8192,), experts=8, chunk=8192))),
     "step": Preset("where a decode step's time goes, default model, sync and async, batch 1 and 8", (Step(),)),
     "smoke": Preset("every section at tiny sizes (checks the runner on a GPU in about a minute)",

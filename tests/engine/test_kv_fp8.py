@@ -334,6 +334,31 @@ def test_m3_fp8_cache_keeps_int8_index_keys(tmp_path):
     assert max(abs(la[t] - lb[t]) for t in common) < 0.05
 
 
+def test_decode_benchmark_fills_an_fp8_cache():
+    """`benchmarks.engine_gpu` times decode steps on a cache it fills at random (`--preset m3-decode-fp8`): on an
+    fp8 cache the codes are finite e4m3 values and the index keys int8, and MSA decode steps of a tiny random
+    MiniMax-M3 run on them (the CPU's kernel references)."""
+    pytest.importorskip("transformers")
+    from benchmarks.engine_gpu.stacks import fake_prefill, timed_steps
+    from engine.attention import make_attention
+    from engine.config import from_hf_config
+    from engine.m3.testing import text_config
+    from engine.testing import random_engine, random_model
+
+    cfg = from_hf_config({"model_type": "minimax_m3_vl_text", **text_config(num_layers=4, vocab=1000)})
+    model = random_model(cfg, "cpu", torch.float32, seed=0)
+    ix = model.indexer(topk=4)
+    eng = random_engine(model, make_attention("msa", "cpu", cfg, ix), "cpu", 4096, max_num_seqs=2,
+                        index_dim=ix.config.d_idx, index_layers=ix.layers, kv_dtype=FP8)
+    assert eng.cache.quantized and all(t.dtype == torch.int8 for t in eng.cache.k_idx.values())
+    fake_prefill(eng, 2, 700, max_tokens=6)
+    assert torch.isfinite(eng.cache.k[0].float()).all() and (eng.cache.k_scale[0] > 0).all()
+    assert all((s > 0).all() for s in eng.cache.k_idx_scale.values())
+    steps = timed_steps(eng, 2)
+    assert len(steps) == 2 and all(t > 0 for t in steps)
+    assert all(len(seq.output_ids) == 4 for seq in eng.scheduler.running)
+
+
 # -- bad input --------------------------------------------------------------------------------------------
 def test_kv_dtype_choices_and_refusals(monkeypatch):
     from msa_eval.cli.options import KV_CACHE_DTYPES
