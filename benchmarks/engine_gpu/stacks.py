@@ -118,17 +118,16 @@ def fake_prefill(eng, n_req: int, ctx: int, max_tokens: int) -> None:
 def fill_cache(cache) -> None:
     """Random contents for every page of `cache`: N(0, 1) values, or for an FP8 cache e4m3 codes of magnitude
     up to 240 (no NaN code) and int8 index keys, with scales that keep them near unit size."""
-    c = cache
-    for t in list(c.k) + list(c.v) + list(c.k_idx.values()):
+    for t in list(cache.k) + list(cache.v) + list(cache.k_idx.values()):
         if t.dtype == torch.float8_e4m3fn:
             t.view(torch.uint8).random_(0, 0x78)  # codes 0x00-0x77: +0 .. +240, sign bit clear
         elif t.dtype == torch.int8:
             t.random_(-127, 128)
         else:
             t.normal_(0.0, 1.0)
-    for s in c.k_scale + c.v_scale:
+    for s in cache.k_scale + cache.v_scale:
         s.fill_(1 / 240)
-    for s in c.k_idx_scale.values():
+    for s in cache.k_idx_scale.values():
         s.fill_(1 / 127)
 
 

@@ -44,26 +44,41 @@ PRESETS = {
 }
 
 
-def case_row(name: str, t: int, keys: str = "bf16") -> dict:
+def case_rows(name: str, t: int, keys: tuple[str, ...] = ("bf16",)) -> list[dict]:
+    """One row per index-key storage in ``keys``, all on the same inputs (made once, quantised per row)."""
     s = SHAPES[name]
     cuda = torch.cuda.is_available()
     x = make_inputs(t, s, "cuda" if cuda else "cpu")
-    scale = None
-    if keys != "bf16":
-        x["k_idx_cache"], scale = QUANTISE[keys](x["k_idx_cache"])
-    args = (x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
+    bf16 = (x["q_idx"], x["k_idx_cache"], x["page_table"], x["cu_seqlens_q"], x["seq_lens_kv"])
     del x
+    rows = []
+    for key in keys:
+        scale = None
+        args = bf16
+        if key != "bf16":
+            k8, scale = QUANTISE[key](bf16[1])
+            args = (bf16[0], k8, *bf16[2:])
+        rows.append(_row(name, t, key, args, scale, cuda))
+        print(rows[-1], flush=True)
+        del args
+        if cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _row(name: str, t: int, key: str, args: tuple, scale: torch.Tensor | None, cuda: bool) -> dict:
+    s = SHAPES[name]
     flops = 2 * s.d_idx * s.hkv * t * (t + 1) / 2
     reps = reps_for(flops / 550e12 * 1e3)
     t_fused = timed(lambda: msa_indexer(*args, s.topk, k_idx_scale=scale), reps, cuda)
     score_only = plan_indexer(args[0], args[1], s.topk, impl="triton", output="score_sum")
     t_score = timed(lambda: launch(score_only, *args, k_idx_scale=scale), reps, cuda)
     topk_stage = max(t_fused - t_score, 1e-3)
-    row = dict(case=f"{name} {t // 1024 if t >= 1024 else t}{'K' if t >= 1024 else ''}", keys=keys,
+    row = dict(case=f"{name} {t // 1024 if t >= 1024 else t}{'K' if t >= 1024 else ''}", keys=key,
                indexer_ms=round(t_fused, 3), indexer_tflops=round(flops / t_fused / 1e9, 1),
                score_only_ms=round(t_score, 3), topk_stage_ms=round(topk_stage, 3), torch_topk_ms=None,
                torch_topk_vs_stage=None)
-    if keys == "bf16" and t * s.hkv * (t // s.block) * 4 <= MAX_SCORE_BYTES:
+    if key == "bf16" and t * s.hkv * (t // s.block) * 4 <= MAX_SCORE_BYTES:
         scores = launch(plan_indexer(args[0], args[1], s.topk, impl="triton", output="block_scores"), *args)
         k = min(s.topk - 1, scores.shape[-1])
         t_topk = timed(lambda: torch.topk(scores, k, dim=-1), reps_for(10), cuda)
@@ -73,16 +88,9 @@ def case_row(name: str, t: int, keys: str = "bf16") -> dict:
 
 
 def run(preset: str) -> list[dict]:
-    """The preset's rows, one per case (each printed as it is done)."""
-    rows = []
+    """The preset's rows, one per case and index-key storage (each printed as it is done)."""
     p = PRESETS[preset]
-    for name, t in p.cases:
-        for keys in p.keys:
-            rows.append(case_row(name, t, keys))
-            print(rows[-1], flush=True)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-    return rows
+    return [row for name, t in p.cases for row in case_rows(name, t, p.keys)]
 
 
 if __name__ == "__main__":  # the same as `python -m benchmarks.kernels.run --op indexer ...`
