@@ -63,7 +63,7 @@ _PRODUCER_REGS = gl.constexpr(40)
 def _slot_info(item, req, t0, g, steps, CUQ, SEQ):
     """The ``_META`` ints of an item's shared slot: the item and what the consumers would otherwise load
     from global memory one after the other (request, first token, query range, kv length, steps, KV head)."""
-    meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     idx = gl.arange(0, _META, layout=meta_layout)
     rq = gl.maximum(req, 0)
     return gl.where(idx == 0, item, gl.where(idx == 1, req, gl.where(idx == 2, t0, gl.where(
@@ -72,18 +72,13 @@ def _slot_info(item, req, t0, g, steps, CUQ, SEQ):
 
 
 @gluon.jit
-def _hand_over(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree,
-               info, item, req, g, t0, pages, steps, n, c, TOKMAP, HKV: gl.constexpr, G: gl.constexpr,
-               TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
-               QTMA: gl.constexpr):
-    """Item ``n`` to the consumers: its slot ``info`` into shared slot ``n % NQB`` and barrier
-    ``qready[n % NQB]``, which with ``QTMA`` also carries the item's Q (one ``[G, D]`` box per token, rows
-    ``token * HKV * G + g * G`` of Q seen as ``[T * Hq, D]``; an empty slot's row is negative:
-    zero-filled) into Q buffer ``n % NQB``, so the next item's Q arrives while the consumers finish this
-    one. Then every step's K and V rows ``(page * HKV + g) * B + key``, the pages read from ``pages``;
-    ``c`` counts steps across items. Returns ``c`` after the item."""
+def _hand_over_q(QDESC, q_smem, meta, qready, qfree, info, item, req, g, t0, n, TOKMAP, HKV: gl.constexpr,
+                 G: gl.constexpr, TQ: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
+    """Item ``n``'s slot ``info`` into shared slot ``n % NQB`` and barrier ``qready[n % NQB]``, which with
+    ``QTMA`` also carries the item's Q (one ``[G, D]`` box per token, rows ``token * HKV * G + g * G`` of Q
+    seen as ``[T * Hq, D]``; an empty slot's row is negative: zero-filled) into Q buffer ``n % NQB``, so
+    the next item's Q arrives while the consumers finish this one."""
     NQB: gl.constexpr = qready.shape[0]  # item slots and Q buffers
-    NSUB: gl.constexpr = B // BN
     HALF: gl.constexpr = TQ // 2
     qb = n % NQB
     mbarrier.wait(qfree.index(qb), ((n // NQB) & 1) ^ 1)  # a fresh barrier counts as freed once
@@ -103,18 +98,40 @@ def _hand_over(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree,
             mbarrier.arrive(qready.index(qb))
     else:
         mbarrier.arrive(qready.index(qb))
+
+
+@gluon.jit
+def _load_step(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, pages, it, g, c, HKV: gl.constexpr,
+               B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, V_FREE: gl.constexpr):
+    """Step ``it`` of an item (step ``c`` across items) into stage ``c % STAGES``: K and V rows
+    ``(page * HKV + g) * B + key``, the page read from ``pages``, each once its stage is free (V's only
+    with ``V_FREE``: else the caller knows it is)."""
+    NSUB: gl.constexpr = B // BN
+    s = c % STAGES
+    free_phase = ((c // STAGES) & 1) ^ 1
+    page = gl.load(pages + it // NSUB)
+    row = (page * HKV + g) * B + (it % NSUB) * BN
+    mbarrier.wait(kfree.index(s), free_phase)
+    mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
+    _tma_load(KDESC, [row, 0], kready.index(s), k_smem.index(s))
+    if V_FREE:
+        mbarrier.wait(vfree.index(s), free_phase)
+    mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
+    _tma_load(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _hand_over(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree,
+               info, item, req, g, t0, pages, steps, n, c, TOKMAP, HKV: gl.constexpr, G: gl.constexpr,
+               TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr,
+               QTMA: gl.constexpr):
+    """Item ``n`` to the consumers (``_hand_over_q``), then every step's K and V (``_load_step``); ``c``
+    counts steps across items. Returns ``c`` after the item."""
+    _hand_over_q(QDESC, q_smem, meta, qready, qfree, info, item, req, g, t0, n, TOKMAP, HKV, G, TQ, GROUPED, QTMA)
     if req >= 0:
         for it in range(steps):
-            s = c % STAGES
-            free_phase = ((c // STAGES) & 1) ^ 1
-            page = gl.load(pages + it // NSUB)
-            row = (page * HKV + g) * B + (it % NSUB) * BN
-            mbarrier.wait(kfree.index(s), free_phase)
-            mbarrier.expect(kready.index(s), KDESC.block_type.nbytes)
-            _tma_load(KDESC, [row, 0], kready.index(s), k_smem.index(s))
-            mbarrier.wait(vfree.index(s), free_phase)
-            mbarrier.expect(vready.index(s), VDESC.block_type.nbytes)
-            _tma_load(VDESC, [row, 0], vready.index(s), v_smem.index(s))
+            _load_step(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, pages, it, g, c, HKV, B, BN,
+                       STAGES, True)
             c += 1
     return c
 
@@ -123,7 +140,7 @@ def _hand_over(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree,
 def _hand_over_end(meta, qready, qfree, n):
     """Item -1 (done) into slot ``n % NQB``."""
     NQB: gl.constexpr = qready.shape[0]
-    meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    meta_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     qb = n % NQB
     mbarrier.wait(qfree.index(qb), ((n // NQB) & 1) ^ 1)
     meta.index(qb).store(gl.full([_META], -1, gl.int32, layout=meta_layout))

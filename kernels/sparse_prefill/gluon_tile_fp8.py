@@ -1,9 +1,9 @@
 """Q8KV8 (FP8 e4m3 K/V, Q quantised in the kernel) in the warp-specialised Gluon tile and rare kernels.
 
-A sibling of ``gluon_tile.py`` (the bf16 kernels there stay as they were): the same producers
-(``_producer_tile`` / ``_producer_rare``: TMA copies of K / V rows ``(page * Hkv + g) * B + key`` of
-the caches seen as ``[rows, d]``, now e4m3) and the same item and row bookkeeping; the consumers
-differ in four places, each FP8's rule (``kernels/_common/fp8.py``: value = x8 * scale):
+A sibling of ``gluon_tile.py`` (the bf16 kernels there stay as they were): the same TMA copies of K / V
+rows ``(page * Hkv + g) * B + key`` of the caches seen as ``[rows, d]`` (now e4m3) and the same item and
+row bookkeeping; the consumers differ in four places, each FP8's rule (``kernels/_common/fp8.py``:
+value = x8 * scale):
 
 * **Q** arrives in the model dtype (by TMA into the bf16 Q buffer, or gathered by the consumer) and
   each warpgroup quantises its 64 rows in registers, per (token, head) row by the shared rule
@@ -18,9 +18,17 @@ differ in four places, each FP8's rule (``kernels/_common/fp8.py``: value = x8 *
   accumulator is kept in units of the current step's ``vmax / 256`` (the ratio of two steps' units
   folds into the softmax rescale ``alpha``) and multiplied by the last unit before the normalisation:
   no second accumulator.
-* Hopper's e4m3 wgmma wants both shared operands K-major; V ``[keys, d]`` is MN-major for P V, so each
-  warpgroup transposes the step's V tile through registers into its own ``[d, keys]`` buffer ``vt``
-  (the simplest correct way; it costs a shared-memory round trip per step).
+* Hopper's e4m3 wgmma wants both shared operands K-major; V ``[keys, d]`` is MN-major for P V, so V is
+  transposed through registers into ``[d, keys]`` buffers ``vt`` (``_transpose_v``). In the tile kernel
+  the producer is a whole warpgroup that does it once per step into a ring the two consumers share
+  (``_producer_tile_fp8``); the rare kernel's consumers transpose their item's V themselves. The
+  transposed keys take the order in which the score MMA's accumulator already holds P as the P V
+  MMA's 8-bit A operand (``_key_order``), so P reaches that MMA without an exchange between threads.
+
+Measured at M3 128K on an H200 (``benchmarks/kernels/RESULTS.md``): moving the transpose to the producer
+and the key order took the Q8KV8 attention from 49.3 to 32 ms (bf16: 21 ms). Staging the key / value
+scales in shared memory by TMA (the consumers reading them in the score layout, no exchange) measured
+slower (41.7 ms) and is not kept.
 
 References: the exact dequantising torch attention (``tests/kernels/test_gluon_fp8_gpu.py``); Hopper
 only, no interpreter runs Gluon.
@@ -48,13 +56,16 @@ from kernels.sparse_prefill.gluon_tile import (
     _PART1,
     _PRODUCER_REGS,
     _earlier_out,
+    _hand_over_end,
+    _hand_over_q,
+    _load_step,
     _normalised,
     _producer_rare,
-    _producer_tile,
     _rare_epilogue,
     _rare_rows,
     _row_tokens,
     _slot,
+    _slot_info,
     _step_key,
     _store_slots,
 )
@@ -82,16 +93,101 @@ def _quantise_rows(q, q8_tile):
     return scale
 
 
+@gluon.constexpr_function
+def _vt_layout(rows, d, warps):
+    """The register layout in which ``rows`` keys x ``d`` of V are read for the transpose (a linear layout:
+    bit lists): registers d0 d1 (4 consecutive values: 32-bit shared loads) and key bits 0, 1, 3 (after
+    ``_key_order`` these are 8 consecutive keys of V^T: 64-bit shared stores), then lanes and warps the
+    rest (zero bases past the tile: replicated)."""
+    rest = [[0, 1 << i] for i in range(2, (d - 1).bit_length())]
+    rest += [[1 << i, 0] for i in (2, 4, 5, 6, 7) if (1 << i) < rows] + [[0, 0]] * 8
+    nw = (warps - 1).bit_length()
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [8, 0]], lane_bases=rest[:5],
+                                      warp_bases=rest[5:5 + nw], block_bases=[], shape=[rows, d])
+
+
+@gluon.jit
+def _key_order(x, AXIS: gl.constexpr):
+    """The keys of ``x`` (axis ``AXIS`` of 2, a multiple of 32) in the order of Hopper's 8-bit A operand:
+    within each 32 keys, key ``16h + 8b + 2t + e`` (``t`` < 4) moves to ``16h + 4t + 2b + e``. That is the
+    order in which a thread of the P V MMA holds P in the score MMA's accumulator layout, so P in this
+    order needs no data movement to become the A operand (``gl.convert_layout`` is free), and the sum over
+    keys is unchanged when V's keys take the same order (``_transpose_v``): FlashAttention-3's FP8 trick."""
+    if AXIS == 0:
+        N: gl.constexpr = x.shape[0]
+        C: gl.constexpr = x.shape[1]
+        y = gl.reshape(gl.permute(gl.reshape(x, [N // 32, 2, 2, 4, 2, C]), (0, 1, 3, 2, 4, 5)), [N, C])
+    else:
+        M: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        y = gl.reshape(gl.permute(gl.reshape(x, [M, N // 32, 2, 2, 4, 2]), (0, 1, 2, 4, 3, 5)), [M, N])
+    return y
+
+
 @gluon.jit
 def _transpose_v(v_tile, vt_tile, D: gl.constexpr):
-    """The step's V ``[BN, D]`` (MN-major for P V) into ``vt_tile`` ``[D, BN]`` (K-major), through
-    registers (8 x 8 bytes per thread: vector loads and stores); the P V MMA that read ``vt_tile``
-    before is done."""
-    TD: gl.constexpr = D // 8
-    v_layout: gl.constexpr = gl.BlockedLayout([8, 8], [32 // TD, TD], [4, 1], [1, 0])
-    vt_tile.store(gl.permute(v_tile.load(v_layout), (1, 0)))
+    """The step's V ``[BN, D]`` (MN-major for P V) into ``vt_tile`` ``[D, BN]`` (K-major), keys in
+    ``_key_order``, through registers in sub-tiles of 4096 values (16 bytes per thread for 4 warps); the
+    P V MMA that read ``vt_tile`` before is done."""
+    BN: gl.constexpr = v_tile.shape[0]
+    SUB: gl.constexpr = min(BN, 4096 // D)
+    layout: gl.constexpr = _vt_layout(SUB, D, gl.num_warps())
+    for j in gl.static_range(BN // SUB):
+        v = _key_order(v_tile.slice(j * SUB, SUB).load(layout), 0)
+        vt_tile.slice(j * SUB, SUB, dim=1).store(gl.permute(v, (1, 0)))
     fence_async_shared()
     gl.thread_barrier()
+
+
+@gluon.jit
+def _stage_vt(v_smem, vt_smem, vready, vtready, vtfree, c, D: gl.constexpr, STAGES: gl.constexpr):
+    """Step ``c``'s V (stage ``c % STAGES``, once landed) transposed into ``vt`` stage ``c % STAGES`` (once
+    both consumers' P V MMAs of step ``c - STAGES`` are done), then ``vtready``."""
+    s = c % STAGES
+    phase = (c // STAGES) & 1
+    mbarrier.wait(vready.index(s), phase)
+    mbarrier.wait(vtfree.index(s), phase ^ 1)
+    _transpose_v(v_smem.index(s), vt_smem.index(s), D)
+    mbarrier.arrive(vtready.index(s))
+
+
+@gluon.jit
+def _producer_tile_fp8(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, vt_smem, meta, qready, qfree, kready, vready,
+                       kfree, vfree, vtready, vtfree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT,
+                       n_items, stride_ut, stride_uh, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
+                       D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                       GROUPED: gl.constexpr, QTMA: gl.constexpr):
+    """``gluon_tile._producer_tile`` in one warpgroup that also transposes V: each step's K / V copies
+    are issued (``_load_step``; V's stage is free once this warpgroup has transposed it, so no ``vfree``),
+    then the previous step's V is transposed into the ``vt`` ring the consumers' P V MMAs read
+    (``_stage_vt``), once per step instead of once per consumer warpgroup and off their path; an item's
+    last V is transposed before the next item is handed over (a consumer waiting for it may hold the
+    slot the hand-over waits for)."""
+    NSUB: gl.constexpr = B // BN
+    c = 0
+    n = 0
+    item = gl.program_id(0)
+    while item < n_items:
+        tile = item // HKV
+        g = item % HKV
+        steps = gl.load(UCOUNT + item) * NSUB
+        req = gl.load(TILE_REQ + tile)
+        t0 = gl.load(TILE_START + tile)
+        _hand_over_q(QDESC, q_smem, meta, qready, qfree, _slot_info(item, req, t0, g, steps, CUQ, SEQ), item, req, g,
+                     t0, n, TOKMAP, HKV, G, TQ, GROUPED, QTMA)
+        if req >= 0:
+            pages = UPAGE + tile.to(gl.int64) * stride_ut + g * stride_uh
+            for it in range(steps):
+                _load_step(KDESC, VDESC, k_smem, v_smem, kready, vready, kfree, vfree, pages, it, g, c, HKV, B, BN,
+                           STAGES, False)
+                if it > 0:
+                    _stage_vt(v_smem, vt_smem, vready, vtready, vtfree, c - 1, D, STAGES)
+                c += 1
+            if steps > 0:
+                _stage_vt(v_smem, vt_smem, vready, vtready, vtfree, c - 1, D, STAGES)
+        n += 1
+        item = gl.atomic_add(NEXT, 1) + gl.num_programs(0)
+    _hand_over_end(meta, qready, qfree, n)
 
 
 @gluon.jit
@@ -111,8 +207,8 @@ def _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos, pos_min
                       BN: gl.constexpr, p_layout: gl.constexpr):
     """``gluon_tile._softmax_step`` on e4m3 scores: ``s_raw * q_sc[row] * k_sc[key]`` (``q_sc`` holds
     ``qk_scale``); also returns ``P * v_sc * 256 / vmax`` in e4m3 (``vmax``: the step's largest value
-    scale), the A operand of the P V MMA, and the unit ``vmax / 256`` of its product (the sum ``l_i``
-    takes ``P`` itself)."""
+    scale), the A operand of the P V MMA with its keys in ``_key_order``, and the unit ``vmax / 256`` of
+    its product (the sum ``l_i`` takes ``P`` itself)."""
     col: gl.constexpr = offs_n.type.layout
     s = s_raw * q_sc[:, None] * gl.convert_layout(k_sc, col)[None, :]
     bias = gl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose the block
@@ -126,12 +222,12 @@ def _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos, pos_min
     vmax = gl.max(v_sc, axis=0)
     vmax = gl.where(vmax > 0, vmax, 1.0)  # (a step wholly past kv_len: every p is 0)
     p8 = (p * gl.convert_layout(v_sc * (_P_RANGE / vmax), col)[None, :]).to(gl.float8e4nv)
-    return m_new, l_i, alpha, gl.convert_layout(p8, p_layout), vmax / _P_RANGE
+    return m_new, l_i, alpha, gl.convert_layout(_key_order(p8, 1), p_layout), vmax / _P_RANGE
 
 
 @gluon.jit
 def _consumer_tile_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                       v_smem, meta, qready, qfree, kready, vready, kfree, vfree, stride_qt, stride_qh, stride_ot,
+                       meta, qready, qfree, kready, vtready, kfree, vtfree, stride_qt, stride_qh, stride_ot,
                        stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
                        G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
                        BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
@@ -144,7 +240,7 @@ def _consumer_tile_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
         qb = n % 2
         if _slot(meta, qb, 1) >= 0:
             c = _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem,
-                                   k_smem, v_smem, meta, kready, vready, kfree, vfree, item, c, qb, stride_qt,
+                                   k_smem, meta, kready, vtready, kfree, vtfree, item, c, qb, stride_qt,
                                    stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ,
                                    WM, D, B, BN, STAGES, GROUPED, QTMA)
         mbarrier.arrive(qfree.index(qb))
@@ -155,13 +251,13 @@ def _consumer_tile_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
 
 @gluon.jit
 def _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                       v_smem, meta, kready, vready, kfree, vfree, item, c, qb, stride_qt, stride_qh, stride_ot,
+                       meta, kready, vtready, kfree, vtfree, item, c, qb, stride_qt, stride_qh, stride_ot,
                        stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
                        G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
                        BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
     """``gluon_tile._consumer_item`` in Q8KV8 (the module docstring): the same step order (step ``it``'s
-    score MMA and step ``it - 1``'s P V MMA in flight together), V transposed into ``vt`` before its
-    P V MMA, the accumulator in units of the last step's ``vmax / 256``."""
+    score MMA and step ``it - 1``'s P V MMA in flight together), that MMA reading step ``it - 1``'s V^T
+    from the producer's ``vt`` ring, the accumulator in units of the last step's ``vmax / 256``."""
     NSUB: gl.constexpr = B // BN
     num_warps: gl.constexpr = 4
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -182,7 +278,6 @@ def _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
     n_steps = _slot(meta, qb, 6)
     u_off = tile.to(gl.int64) * stride_ut + g * stride_uh
     q8_tile = q8_smem.index(PART)
-    vt_tile = vt_smem.index(PART)
 
     if QTMA:  # Q in one of the two buffers the producer fills (the caller waited)
         q = q_smem.index(qb * 2 + PART).load(q_layout).to(gl.float32)
@@ -222,25 +317,23 @@ def _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
             key0, bits = _step_key(UNION, UMASK, u_off, it, B, BN)
             k_sc, v_sc = _key_scales(KS, VS, gl.load(UPAGE + u_off + it // NSUB), g, key0, (it % NSUB) * BN, kv_len,
                                      HKV, B, BN)
-            mbarrier.wait(vready.index(prev), ((c + it - 1) // STAGES) & 1)
-            _transpose_v(v_smem.index(prev), vt_tile, D)  # (before the score MMA: fewer registers live)
+            mbarrier.wait(vtready.index(prev), ((c + it - 1) // STAGES) & 1)
             mbarrier.wait(kready.index(st), ((c + it) // STAGES) & 1)
             s_tok = warpgroup_mma(q8_tile, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            o_tok = warpgroup_mma(p_op, vt_tile.permute((1, 0)), acc, is_async=True)
+            o_tok = warpgroup_mma(p_op, vt_smem.index(prev).permute((1, 0)), acc, is_async=True)
             s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
             mbarrier.arrive(kfree.index(st))
             m_i, l_i, alpha, p_op, vmax_n = _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos,
                                                               pos_min, offs_n, m_i, l_i, BN, p_layout)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-            mbarrier.arrive(vfree.index(prev))
+            mbarrier.arrive(vtfree.index(prev))
             acc = acc * gl.convert_layout(alpha * (vmax / vmax_n), row_o)[:, None]  # into the new step's units
             vmax = vmax_n
         last = (c + n_steps - 1) % STAGES
-        mbarrier.wait(vready.index(last), ((c + n_steps - 1) // STAGES) & 1)
-        _transpose_v(v_smem.index(last), vt_tile, D)
-        o_tok = warpgroup_mma(p_op, vt_tile.permute((1, 0)), acc, is_async=True)
+        mbarrier.wait(vtready.index(last), ((c + n_steps - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, vt_smem.index(last).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-        mbarrier.arrive(vfree.index(last))
+        mbarrier.arrive(vtfree.index(last))
 
     out, lse = _normalised(acc * vmax, m_i, l_i, row_o)
     ro = PART * WM + gl.arange(0, WM, layout=row_o)
@@ -353,15 +446,17 @@ def _consumer_rare_fp8(ODESC, LSE, ITEM_TOK, ITEM_BLK, ITEM_PAGE, KS, VS, q_smem
 
 
 @gluon.jit
-def _shared_fp8(QDESC, KDESC, VDESC, NQB: gl.constexpr, NQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr,
-                BN: gl.constexpr, STAGES: gl.constexpr, QTMA: gl.constexpr):
+def _shared_fp8(QDESC, KDESC, VDESC, NQB: gl.constexpr, NQ: gl.constexpr, NVT: gl.constexpr, WM: gl.constexpr,
+                D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, QTMA: gl.constexpr, VFREE: gl.constexpr):
     """``gluon_tile._shared`` for Q8KV8: with ``QTMA`` ``NQ`` Q halves ``[WM, D]`` in Q's dtype (else the
-    e4m3 ones, unused by the producer), the e4m3 K / V ring, and per consumer warpgroup one e4m3 ``q8``
-    ``[WM, D]`` and one ``vt`` ``[D, BN]``; the barriers as there."""
+    e4m3 ones, unused by the producer), the e4m3 K / V ring, per consumer warpgroup one e4m3 ``q8``
+    ``[WM, D]``, ``NVT`` V^T buffers ``[D, BN]`` (the tile kernel's ring, or one per consumer warpgroup)
+    with their ``vtready`` (one arrival) / ``vtfree`` (two) barriers, and the barriers as there (``vfree``
+    of ``VFREE`` arrivals)."""
     q8_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], gl.float8e4nv)
     vt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BN], gl.float8e4nv)
     q8_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, WM, D], q8_layout)
-    vt_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, D, BN], vt_layout)
+    vt_smem = gl.allocate_shared_memory(gl.float8e4nv, [NVT, D, BN], vt_layout)
     if QTMA:
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WM, D], QDESC.dtype)
         q_smem = gl.allocate_shared_memory(QDESC.dtype, [NQ, WM, D], q_layout)
@@ -373,6 +468,8 @@ def _shared_fp8(QDESC, KDESC, VDESC, NQB: gl.constexpr, NQ: gl.constexpr, WM: gl
     vready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     vfree = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vtready = gl.allocate_shared_memory(gl.int64, [NVT, 1], mbarrier.MBarrierLayout())
+    vtfree = gl.allocate_shared_memory(gl.int64, [NVT, 1], mbarrier.MBarrierLayout())
     qready = gl.allocate_shared_memory(gl.int64, [NQB, 1], mbarrier.MBarrierLayout())
     qfree = gl.allocate_shared_memory(gl.int64, [NQB, 1], mbarrier.MBarrierLayout())
     meta = gl.allocate_shared_memory(gl.int32, [NQB, _META], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -380,11 +477,15 @@ def _shared_fp8(QDESC, KDESC, VDESC, NQB: gl.constexpr, NQ: gl.constexpr, WM: gl
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(vready.index(i), count=1)
         mbarrier.init(kfree.index(i), count=2)
-        mbarrier.init(vfree.index(i), count=2)
+        mbarrier.init(vfree.index(i), count=VFREE)
+    for i in gl.static_range(NVT):
+        mbarrier.init(vtready.index(i), count=1)
+        mbarrier.init(vtfree.index(i), count=2)
     for i in gl.static_range(NQB):
         mbarrier.init(qready.index(i), count=1)
         mbarrier.init(qfree.index(i), count=2)
-    return q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, qready, qfree, meta
+    return (q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, vtready, vtfree, qready, qfree,
+            meta)
 
 
 @gluon.jit
@@ -394,34 +495,36 @@ def _gluon_tile_fp8_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, KS, VS, CUQ,
                            D: gl.constexpr, B: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                            GROUPED: gl.constexpr, QTMA: gl.constexpr):
     """``gluon_tile._gluon_tile_kernel`` on e4m3 caches (``KS`` / ``VS``: their fp32 scales, one per K / V
-    row); the producer is the bf16 kernel's."""
+    row), its producer a warpgroup that also transposes V (``_producer_tile_fp8``)."""
     WM: gl.constexpr = TQ * G // 2
     NQ: gl.constexpr = 4 if QTMA else 2
-    q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, qready, qfree, meta = _shared_fp8(
-        QDESC, KDESC, VDESC, 2, NQ, WM, D, BN, STAGES, QTMA)
+    (q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, vtready, vtfree, qready, qfree,
+     meta) = _shared_fp8(QDESC, KDESC, VDESC, 2, NQ, STAGES, WM, D, BN, STAGES, QTMA, 1)
     gl.warp_specialize([
         (_consumer_tile_fp8, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                              v_smem, meta, qready, qfree, kready, vready, kfree, vfree, stride_qt, stride_qh,
-                              stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN,
-                              STAGES, GROUPED, QTMA)),
+                              meta, qready, qfree, kready, vtready, kfree, vtfree, stride_qt, stride_qh, stride_ot,
+                              stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES,
+                              GROUPED, QTMA)),
         (_consumer_tile_fp8, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                              v_smem, meta, qready, qfree, kready, vready, kfree, vfree, stride_qt, stride_qh,
-                              stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN,
-                              STAGES, GROUPED, QTMA)),
-        (_producer_tile, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree,
-                          vfree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT, n_items, stride_ut,
-                          stride_uh, HKV, G, TQ, B, BN, STAGES, GROUPED, QTMA)),
-    ], [4, 1], [_CONSUMER_REGS, _PRODUCER_REGS])
+                              meta, qready, qfree, kready, vtready, kfree, vtfree, stride_qt, stride_qh, stride_ot,
+                              stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES,
+                              GROUPED, QTMA)),
+        (_producer_tile_fp8, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, vt_smem, meta, qready, qfree, kready,
+                              vready, kfree, vfree, vtready, vtfree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE,
+                              UCOUNT, NEXT, n_items, stride_ut, stride_uh, HKV, G, TQ, D, B, BN, STAGES, GROUPED,
+                              QTMA)),
+    ], [4, 4], [_CONSUMER_REGS, _PRODUCER_REGS])
 
 
 @gluon.jit
 def _gluon_rare_fp8_kernel(QDESC, KDESC, VDESC, ODESC, LSE, KS, VS, CUQ, SEQ, ITEM_TOK, ITEM_G, ITEM_REQ, ITEM_BLK,
                            ITEM_PAGE, NEXT, ROUND, qk_scale, HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr,
                            D: gl.constexpr, B: gl.constexpr):
-    """``gluon_tile._gluon_rare_kernel`` on e4m3 caches (Q and the output stay in the model dtype)."""
+    """``gluon_tile._gluon_rare_kernel`` on e4m3 caches (Q and the output stay in the model dtype); each
+    consumer warpgroup transposes its item's V into its own ``vt`` buffer."""
     WM: gl.constexpr = TQ * G // 2
-    q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, qready, qfree, meta = _shared_fp8(
-        QDESC, KDESC, VDESC, 3, 6, WM, D, B, 2, True)
+    (q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, vtready, vtfree, qready, qfree,
+     meta) = _shared_fp8(QDESC, KDESC, VDESC, 3, 6, 2, WM, D, B, 2, True, 2)
     eready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())  # earlier output per Q half
     for i in gl.static_range(6):
         mbarrier.init(eready.index(i), count=1)
@@ -437,11 +540,11 @@ def _gluon_rare_fp8_kernel(QDESC, KDESC, VDESC, ODESC, LSE, KS, VS, CUQ, SEQ, IT
     ], [4, 1], [_CONSUMER_REGS, _PRODUCER_REGS])
 
 
-def smem_bytes(q_tma: bool, rows: int, d: int, block_n: int, stages: int, q_bytes: int, nq: int = 4) -> int:
-    """Shared memory of the Q8KV8 kernels (bytes, less the barriers): ``nq`` Q halves in the model dtype
-    with ``q_tma``, the e4m3 K / V ring and the two warpgroups' ``q8`` and ``vt`` buffers."""
+def smem_bytes(q_tma: bool, rows: int, d: int, block_n: int, stages: int, q_bytes: int) -> int:
+    """Shared memory of the Q8KV8 tile kernel (bytes, less the barriers): four Q halves in the model dtype
+    with ``q_tma``, the e4m3 K, V and V^T rings and the two warpgroups' ``q8`` buffers."""
     half = rows // 2
-    return (nq * half * d * q_bytes if q_tma else 0) + 2 * stages * block_n * d + 2 * half * d + 2 * d * block_n
+    return (4 * half * d * q_bytes if q_tma else 0) + 3 * stages * block_n * d + 2 * half * d
 
 
 def _descriptors(q, k_cache, v_cache, out, group: int, block_n: int, q_tma: bool):
