@@ -126,9 +126,10 @@ def fp8_prefill_uses_gluon() -> bool:
     kernel runs (sm_90, 128-row tiles, contiguous caches), rather than the Triton tile kernel's FP8 mode.
 
     The one decision point of the FP8 kernel choice. True: on an H200 (torch 2.11, Triton 3.6; M3 shape,
-    top-16) the Gluon FP8 kernel passed its tests and took 49.3 ms at 128K and 439 ms at 1M against the
-    Triton tile kernel's 94.9 / 894 ms (``benchmarks/kernels/prefill.py --preset fp8 --fp8-impl
-    triton,gluon``). Both are slower than the bf16 Gluon kernel (21.1 / 197 ms): see the kernel README.
+    top-16) the Gluon FP8 kernel passed its tests and took 32.7 ms at 128K and 287 ms at 1M against the
+    Triton tile kernel's 95.1 / 895 ms (``benchmarks/kernels/prefill.py --preset fp8 --fp8-impl
+    triton,gluon``, 2026-12-04). Both are slower than the bf16 Gluon kernel (21.4 / 198 ms): see the
+    kernel README.
     An explicit ``TileConfig(kernel="triton")`` runs the Triton tile kernel whatever this says.
     """
     return True
