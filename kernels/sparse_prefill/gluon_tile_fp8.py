@@ -127,7 +127,7 @@ def _key_order(x, AXIS: gl.constexpr):
 @gluon.jit
 def _transpose_v(v_tile, vt_tile, D: gl.constexpr):
     """The step's V ``[BN, D]`` (MN-major for P V) into ``vt_tile`` ``[D, BN]`` (K-major), keys in
-    ``_key_order``, through registers in sub-tiles of 4096 values (16 bytes per thread for 4 warps); the
+    ``_key_order``, through registers in sub-tiles of 4096 values (32 bytes per thread for 4 warps); the
     P V MMA that read ``vt_tile`` before is done."""
     BN: gl.constexpr = v_tile.shape[0]
     SUB: gl.constexpr = min(BN, 4096 // D)
