@@ -210,18 +210,19 @@ def _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos, pos_min
     scale), the A operand of the P V MMA with its keys in ``_key_order``, and the unit ``vmax / 256`` of
     its product (the sum ``l_i`` takes ``P`` itself)."""
     col: gl.constexpr = offs_n.type.layout
-    s = s_raw * q_sc[:, None] * gl.convert_layout(k_sc, col)[None, :]
+    x = s_raw * gl.convert_layout(k_sc, col)[None, :]  # q_sc (> 0) joins in the max and the exponent's FMA
     bias = gl.where(((bits >> row_bit) & 1) != 0, 0.0, float("-inf"))  # rows whose token chose the block
     if key0 + (BN - 1) > pos_min:  # a key of this step lies past some row (or past kv_len): causal mask
-        s = gl.where((key0 + offs_n)[None, :] <= pos[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) + bias)
+        x = gl.where((key0 + offs_n)[None, :] <= pos[:, None], x, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(x, axis=1) * q_sc + bias)
     alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))  # 0 while m_i = -inf
     m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - (m_ref - bias)[:, None])  # non-member rows: reference +inf, p = 0
+    p = gl.exp2(x * q_sc[:, None] - (m_ref - bias)[:, None])  # non-member rows: reference +inf, p = 0
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    vmax = gl.max(v_sc, axis=0)
+    v_col = gl.convert_layout(v_sc, col)
+    vmax = gl.max(v_col, axis=0)  # (in the columns' layout: a reduction within each quad of lanes)
     vmax = gl.where(vmax > 0, vmax, 1.0)  # (a step wholly past kv_len: every p is 0)
-    p8 = (p * gl.convert_layout(v_sc * (_P_RANGE / vmax), col)[None, :]).to(gl.float8e4nv)
+    p8 = (p * (v_col * (_P_RANGE / vmax))[None, :]).to(gl.float8e4nv)
     return m_new, l_i, alpha, gl.convert_layout(_key_order(p8, 1), p_layout), vmax / _P_RANGE
 
 
