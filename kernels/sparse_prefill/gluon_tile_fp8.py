@@ -228,26 +228,22 @@ def _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos, pos_min
 
 @gluon.jit
 def _consumer_tile_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                       meta, qready, qfree, kready, vtready, kfree, vtfree, turn, stride_qt, stride_qh, stride_ot,
+                       meta, qready, qfree, kready, vtready, kfree, vtfree, stride_qt, stride_qh, stride_ot,
                        stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
                        G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
                        BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
-    """``gluon_tile._consumer_tile`` with ``_consumer_item_fp8``; ``w`` counts the items with steps (both
-    warpgroups take ``steps - 1`` turns per such item)."""
+    """``gluon_tile._consumer_tile`` with ``_consumer_item_fp8``."""
     c = 0
     n = 0
-    w = 0
     mbarrier.wait(qready.index(0), 0)
     item = _slot(meta, 0, 0)
     while item >= 0:
         qb = n % 2
         if _slot(meta, qb, 1) >= 0:
-            c_next = _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem,
-                                        vt_smem, k_smem, meta, kready, vtready, kfree, vtfree, turn, item, c, c - w,
-                                        qb, stride_qt, stride_qh, stride_ot, stride_oh, stride_ut, stride_uh,
-                                        qk_scale, PART, HKV, G, TQ, WM, D, B, BN, STAGES, GROUPED, QTMA)
-            w += (c_next > c).to(gl.int32)
-            c = c_next
+            c = _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem,
+                                   k_smem, meta, kready, vtready, kfree, vtfree, item, c, qb, stride_qt,
+                                   stride_qh, stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, PART, HKV, G, TQ,
+                                   WM, D, B, BN, STAGES, GROUPED, QTMA)
         mbarrier.arrive(qfree.index(qb))
         n += 1
         mbarrier.wait(qready.index(n % 2), (n // 2) & 1)
@@ -256,7 +252,7 @@ def _consumer_tile_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
 
 @gluon.jit
 def _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                       meta, kready, vtready, kfree, vtfree, turn, item, c, j0, qb, stride_qt, stride_qh, stride_ot,
+                       meta, kready, vtready, kfree, vtfree, item, c, qb, stride_qt, stride_qh, stride_ot,
                        stride_oh, stride_ut, stride_uh, qk_scale, PART: gl.constexpr, HKV: gl.constexpr,
                        G: gl.constexpr, TQ: gl.constexpr, WM: gl.constexpr, D: gl.constexpr, B: gl.constexpr,
                        BN: gl.constexpr, STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
@@ -324,11 +320,8 @@ def _consumer_item_fp8(Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, 
                                      HKV, B, BN)
             mbarrier.wait(vtready.index(prev), ((c + it - 1) // STAGES) & 1)
             mbarrier.wait(kready.index(st), ((c + it) // STAGES) & 1)
-            j = j0 + it - 1  # this warpgroup's turn: its MMAs issued right after the other's, alternately
-            mbarrier.wait(turn.index(PART), (j & 1) ^ (1 - PART))
             s_tok = warpgroup_mma(q8_tile, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             o_tok = warpgroup_mma(p_op, vt_smem.index(prev).permute((1, 0)), acc, is_async=True)
-            mbarrier.arrive(turn.index(1 - PART))
             s_raw = warpgroup_mma_wait(1, deps=(s_tok, ))  # the score MMA (issued first) is done
             mbarrier.arrive(kfree.index(st))
             m_i, l_i, alpha, p_op, vmax_n = _softmax_step_fp8(s_raw, q_sc, k_sc, v_sc, key0, bits, row_bit, pos,
@@ -508,17 +501,14 @@ def _gluon_tile_fp8_kernel(Q, QDESC, KDESC, VDESC, ODESC, OUT, LSE, KS, VS, CUQ,
     NQ: gl.constexpr = 4 if QTMA else 2
     (q_smem, q8_smem, vt_smem, k_smem, v_smem, kready, vready, kfree, vfree, vtready, vtfree, qready, qfree,
      meta) = _shared_fp8(QDESC, KDESC, VDESC, 2, NQ, STAGES, WM, D, BN, STAGES, QTMA, 1)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # the consumers' MMA turns
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     gl.warp_specialize([
         (_consumer_tile_fp8, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                              meta, qready, qfree, kready, vtready, kfree, vtfree, turn, stride_qt, stride_qh,
-                              stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES,
+                              meta, qready, qfree, kready, vtready, kfree, vtfree, stride_qt, stride_qh, stride_ot,
+                              stride_oh, stride_ut, stride_uh, qk_scale, _PART0, HKV, G, TQ, WM, D, B, BN, STAGES,
                               GROUPED, QTMA)),
         (_consumer_tile_fp8, (Q, ODESC, OUT, LSE, TOKMAP, UNION, UPAGE, UMASK, KS, VS, q_smem, q8_smem, vt_smem, k_smem,
-                              meta, qready, qfree, kready, vtready, kfree, vtfree, turn, stride_qt, stride_qh,
-                              stride_ot, stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES,
+                              meta, qready, qfree, kready, vtready, kfree, vtfree, stride_qt, stride_qh, stride_ot,
+                              stride_oh, stride_ut, stride_uh, qk_scale, _PART1, HKV, G, TQ, WM, D, B, BN, STAGES,
                               GROUPED, QTMA)),
         (_producer_tile_fp8, (QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, vt_smem, meta, qready, qfree, kready,
                               vready, kfree, vfree, vtready, vtfree, CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE,
