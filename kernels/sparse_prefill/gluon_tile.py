@@ -149,23 +149,29 @@ def _hand_over_end(meta, qready, qfree, n):
 
 
 @gluon.jit
+def _tile_item(item, CUQ, SEQ, TILE_REQ, TILE_START, UCOUNT, HKV: gl.constexpr, NSUB: gl.constexpr):
+    """What a tile producer needs of (tile, KV head) item ``item``: its tile, KV head, request, first token,
+    steps (its union's blocks x ``NSUB``) and shared slot ints (``_slot_info``)."""
+    tile = item // HKV
+    g = item % HKV
+    steps = gl.load(UCOUNT + item) * NSUB
+    req = gl.load(TILE_REQ + tile)
+    t0 = gl.load(TILE_START + tile)
+    return tile, g, req, t0, steps, _slot_info(item, req, t0, g, steps, CUQ, SEQ)
+
+
+@gluon.jit
 def _producer_tile(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree, vfree,
                    CUQ, SEQ, TILE_REQ, TILE_START, TOKMAP, UPAGE, UCOUNT, NEXT, n_items, stride_ut, stride_uh,
                    HKV: gl.constexpr, G: gl.constexpr, TQ: gl.constexpr, B: gl.constexpr, BN: gl.constexpr,
                    STAGES: gl.constexpr, GROUPED: gl.constexpr, QTMA: gl.constexpr):
     """One warp: the program's (tile, KV head) items, ``pid`` first, then the next one of the global
     counter ``NEXT``, each handed over with its union's pages (``_hand_over``)."""
-    NSUB: gl.constexpr = B // BN
     c = 0
     n = 0
     item = gl.program_id(0)
     while item < n_items:
-        tile = item // HKV
-        g = item % HKV
-        steps = gl.load(UCOUNT + item) * NSUB
-        req = gl.load(TILE_REQ + tile)
-        t0 = gl.load(TILE_START + tile)
-        info = _slot_info(item, req, t0, g, steps, CUQ, SEQ)
+        tile, g, req, t0, steps, info = _tile_item(item, CUQ, SEQ, TILE_REQ, TILE_START, UCOUNT, HKV, B // BN)
         pages = UPAGE + tile.to(gl.int64) * stride_ut + g * stride_uh
         c = _hand_over(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, meta, qready, qfree, kready, vready, kfree,
                        vfree, info, item, req, g, t0, pages, steps, n, c, TOKMAP, HKV, G, TQ, B, BN, STAGES, GROUPED,

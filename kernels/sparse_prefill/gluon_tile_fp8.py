@@ -65,9 +65,9 @@ from kernels.sparse_prefill.gluon_tile import (
     _rare_rows,
     _row_tokens,
     _slot,
-    _slot_info,
     _step_key,
     _store_slots,
+    _tile_item,
 )
 
 if TYPE_CHECKING:
@@ -163,18 +163,12 @@ def _producer_tile_fp8(QDESC, KDESC, VDESC, q_smem, k_smem, v_smem, vt_smem, met
     (``_stage_vt``), once per step instead of once per consumer warpgroup and off their path; an item's
     last V is transposed before the next item is handed over (a consumer waiting for it may hold the
     slot the hand-over waits for)."""
-    NSUB: gl.constexpr = B // BN
     c = 0
     n = 0
     item = gl.program_id(0)
     while item < n_items:
-        tile = item // HKV
-        g = item % HKV
-        steps = gl.load(UCOUNT + item) * NSUB
-        req = gl.load(TILE_REQ + tile)
-        t0 = gl.load(TILE_START + tile)
-        _hand_over_q(QDESC, q_smem, meta, qready, qfree, _slot_info(item, req, t0, g, steps, CUQ, SEQ), item, req, g,
-                     t0, n, TOKMAP, HKV, G, TQ, GROUPED, QTMA)
+        tile, g, req, t0, steps, info = _tile_item(item, CUQ, SEQ, TILE_REQ, TILE_START, UCOUNT, HKV, B // BN)
+        _hand_over_q(QDESC, q_smem, meta, qready, qfree, info, item, req, g, t0, n, TOKMAP, HKV, G, TQ, GROUPED, QTMA)
         if req >= 0:
             pages = UPAGE + tile.to(gl.int64) * stride_ut + g * stride_uh
             for it in range(steps):
