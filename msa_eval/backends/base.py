@@ -54,4 +54,7 @@ class Backend(ChatModel, Protocol):
     single prompts in batches (what the runner needs)."""
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        """Run a batch; the backend applies its own concurrency. Same order as `requests`."""
+        """Run a batch; the backend applies its own concurrency. Same order as `requests`.
+
+        A backend may also offer `generate_stream(requests, window=N) -> Iterator[GenResult]` (results in
+        finishing order, at most N requests in flight): the runner prefers it (the local engine has it)."""

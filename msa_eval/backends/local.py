@@ -3,7 +3,8 @@
 Completion-mode requests are tokenized as given; chat-mode requests go through the model's
 chat template (tools rendered the same way the server renders them), so `--backend local`
 and `--backend openai` against `msa-eval serve` see the identical token sequence.
-A batch is submitted at once and served by continuous batching (sizes per device: `BATCHING`). The
+Requests are submitted at once and served by continuous batching (sizes per device: `BATCHING`);
+`generate_stream` yields each result as its request finishes, so the runner records it then. The
 engine's metrics other than the timings go to `GenResult.extra` (`attention_density`; with
 `msa_telemetry=True`, the MSA arms' selection telemetry `msa_telemetry`, engine/msa/telemetry.py, which the
 runner keeps in the record).
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from msa_eval.backends.base import ChatResponse, GenRequest, GenResult, ToolCall
+from msa_eval.backends.base import BackendError, ChatResponse, GenRequest, GenResult, ToolCall
 
 
 @dataclass(frozen=True)
@@ -83,39 +85,62 @@ class LocalBackend:
         return self.tokenizer.encode(req.prompt or "", add_special_tokens=True)
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        by_id = {res.id: res for res in self.generate_stream(requests)}
+        return [by_id[r.id] for r in requests]
+
+    def generate_stream(self, requests: Iterable[GenRequest], window: int | None = None) -> Iterator[GenResult]:
+        """Continuous batching over `requests`: at most `window` of them held by the engine at once (None: all;
+        `max_num_seqs` bounds what runs), the next handed over as one finishes, each result yielded when its
+        request finishes (finishing order). A prompt the harness sized wrong (too long for the context, a token
+        the model lacks) and a request the engine ended with an error are error results; the others go on.
+        Closed early, the generator aborts what has not finished."""
         from engine import SamplingParams
         from engine.errors import ContextTooLongError
-        from engine.requests import Request
 
         eng = self.llm.engine
-        results: dict[str, GenResult] = {}
+        todo = iter(requests)
         live: dict[str, tuple[GenRequest, int, float]] = {}
-        batch: list[Request] = []
-        for r in requests:
-            ids = self.prompt_ids(r)
-            sp = SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
-                                stop=list(r.stop), seed=r.seed)
-            try:
-                eng.check_length(len(ids), sp)
-            except ContextTooLongError as e:  # the harness sized the prompt wrong: error record
-                results[r.id] = GenResult(r.id, "", "error", prompt_tokens=len(ids), error=str(e))
-                continue
-            rid = f"local-{r.id}-{time.monotonic_ns()}"
-            batch.append(Request(rid, ids, sp))
-            live[rid] = (r, len(ids), time.perf_counter())
-        for _ in eng.stream(batch):  # continuous batching; stopped early, it aborts the batch
-            pass
-        for rid, (r, n_prompt, t0) in live.items():
-            out = eng.finish(rid)  # raises the error the engine ended the request with
-            m = out.metrics
-            extra = {k: v for k, v in m.items() if k not in ("queue_s", "prefill_s", "decode_s", "ttft_s")}
-            extra["kv_cache_dtype"] = self.llm.kv_dtype_name  # the record tells bf16 and fp8 runs apart
-            results[r.id] = GenResult(
-                r.id, out.text, out.finish_reason or "stop", prompt_tokens=n_prompt,
-                completion_tokens=len(out.token_ids), latency_s=time.perf_counter() - t0,
-                ttft_s=m.get("ttft_s"), queue_s=m.get("queue_s"), prefill_s=m.get("prefill_s"),
-                decode_s=m.get("decode_s"), extra=extra)
-        return [results[r.id] for r in requests]
+        try:
+            while True:
+                while window is None or len(live) < window:
+                    r = next(todo, None)
+                    if r is None:
+                        break
+                    ids = self.prompt_ids(r)
+                    sp = SamplingParams(max_tokens=r.max_tokens, temperature=r.temperature, top_p=r.top_p,
+                                        stop=list(r.stop), seed=r.seed)
+                    rid = f"local-{r.id}-{time.monotonic_ns()}"
+                    try:
+                        eng.add_request(rid, ids, sp)
+                    except (ValueError, ContextTooLongError) as e:
+                        yield GenResult(r.id, "", "error", prompt_tokens=len(ids), error=str(e))
+                        continue
+                    live[rid] = (r, len(ids), time.perf_counter())
+                if not live:
+                    return
+                for out in eng.step():
+                    if out.finished and out.request_id in live:
+                        yield self._result(out.request_id, *live.pop(out.request_id))
+                if live and not eng.has_unfinished():
+                    raise BackendError(f"local engine went idle with {len(live)} requests unfinished")
+        finally:
+            for rid in live:
+                eng.abort(rid)
+
+    def _result(self, rid: str, r: GenRequest, n_prompt: int, t0: float) -> GenResult:
+        try:
+            out = self.llm.engine.finish(rid)
+        except Exception as e:  # noqa: BLE001 - the engine ended this request with an error: an error record
+            return GenResult(r.id, "", "error", prompt_tokens=n_prompt, latency_s=time.perf_counter() - t0,
+                             error=f"{type(e).__name__}: {e}")
+        m = out.metrics
+        extra = {k: v for k, v in m.items() if k not in ("queue_s", "prefill_s", "decode_s", "ttft_s")}
+        extra["kv_cache_dtype"] = self.llm.kv_dtype_name  # the record tells bf16 and fp8 runs apart
+        return GenResult(
+            r.id, out.text, out.finish_reason or "stop", prompt_tokens=n_prompt,
+            completion_tokens=len(out.token_ids), latency_s=time.perf_counter() - t0,
+            ttft_s=m.get("ttft_s"), queue_s=m.get("queue_s"), prefill_s=m.get("prefill_s"),
+            decode_s=m.get("decode_s"), extra=extra)
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
              max_tokens: int = 512, temperature: float = 0.0, seed: int | None = None) -> ChatResponse:

@@ -1,5 +1,6 @@
-"""The run loop: plan -> run directory -> per backend, pending samples in batches of
-`concurrency` -> `Backend.generate` -> score -> append records (fsynced) -> manifest.
+"""The run loop: plan -> run directory -> per backend, pending samples -> `Backend.generate_stream`
+(`concurrency` requests in flight, each record written as its request finishes) or `Backend.generate` in
+batches of `concurrency` -> score -> append records (fsynced) -> manifest.
 
 Resume: a (backend, sample) pair with an `ok` record is never generated again; `error`
 records are retried; unreadable lines of records.jsonl are repaired away (to the `.bad`
@@ -9,10 +10,11 @@ is refused: bad option, key, model id) removes what it created, so the corrected
 can use the same --out."""
 from __future__ import annotations
 
+import contextlib
 import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,11 +112,7 @@ def run_suite(
             manifest["backends"][key] = {**backend.describe(), "load_s": time.perf_counter() - t0}
             save_manifest(run_dir, manifest)
             streak = 0
-            for i in range(0, len(pending), max(1, cfg.concurrency)):
-                batch = pending[i:i + max(1, cfg.concurrency)]
-                sent = [to_request(s, backend, reference_tokenizer) for s in batch]
-                results = backend.generate([req for req, _ in sent])
-                new = [to_record(key, s, r, fmt) for s, r, (_, fmt) in zip(batch, results, sent, strict=True)]
+            for new in _generated(backend, key, pending, cfg.concurrency, reference_tokenizer):
                 append_records(path, new)
                 records.extend(new)
                 result.generated += len(new)
@@ -155,6 +153,27 @@ def run_suite(
     emit("done")
     result.records = records
     return result
+
+
+def _generated(backend: Backend, key: str, pending: list[Sample], concurrency: int,
+               reference_tokenizer: TokenCounter | None) -> Iterator[list[SampleRecord]]:
+    """The records of `pending`, in groups as they are done: one record per finished request from a backend
+    that streams (`generate_stream`: the local engine, `concurrency` requests held at once, no batch waiting
+    for its slowest member), one batch of `concurrency` at a time from the others."""
+    n = max(1, concurrency)
+    stream = getattr(backend, "generate_stream", None)
+    if callable(stream):
+        sent = {s.id: (s, *to_request(s, backend, reference_tokenizer)) for s in pending}
+        with contextlib.closing(stream((req for _, req, _ in sent.values()), window=n)) as results:
+            for r in results:
+                s, _, fmt = sent[r.id]
+                yield [to_record(key, s, r, fmt)]
+        return
+    for i in range(0, len(pending), n):
+        batch = pending[i:i + n]
+        reqs = [to_request(s, backend, reference_tokenizer) for s in batch]
+        results = backend.generate([req for req, _ in reqs])
+        yield [to_record(key, s, r, fmt) for s, r, (_, fmt) in zip(batch, results, reqs, strict=True)]
 
 
 def _remove_new_run(run_dir: Path, existed: bool) -> None:
