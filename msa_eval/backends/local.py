@@ -12,8 +12,8 @@ runner keeps in the record).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from msa_eval.backends.base import BackendError, ChatResponse, GenRequest, GenResult, ToolCall

@@ -23,7 +23,7 @@ def backend():
 
 
 def _requests():
-    return [GenRequest(id=f"r{i}", prompt=p, max_tokens=n) for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS))]
+    return [GenRequest(id=f"r{i}", prompt=p, max_tokens=n) for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS, strict=True))]
 
 
 def test_window_bounds_what_the_engine_holds_and_results_match_generate(backend, monkeypatch):
