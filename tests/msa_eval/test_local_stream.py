@@ -23,7 +23,8 @@ def backend():
 
 
 def _requests():
-    return [GenRequest(id=f"r{i}", prompt=p, max_tokens=n) for i, (p, n) in enumerate(zip(PROMPTS, BUDGETS, strict=True))]
+    pairs = enumerate(zip(PROMPTS, BUDGETS, strict=True))
+    return [GenRequest(id=f"r{i}", prompt=p, max_tokens=n) for i, (p, n) in pairs]
 
 
 def test_window_bounds_what_the_engine_holds_and_results_match_generate(backend, monkeypatch):
