@@ -50,7 +50,7 @@ from engine.msa.recall import decode_step_probs, dense_probs
 
 METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "far_recall", "layer_overlap",
            "decode_overlap")
-_PER_ROW = METRICS[:6]  # every probe row has these (far_recall NaN where the oracle keeps no far block)
+_LAYER_OVERLAP, _DECODE_OVERLAP = METRICS.index("layer_overlap"), METRICS.index("decode_overlap")
 _MAX_ELEMENTS = 1 << 24  # fp32 probabilities per chunk [rows, Hq, S]
 _TIE = 1e-6  # block masses this close to the oracle's smallest kept mass count as the oracle's
 VERSION = 2  # 2: far_recall, counts per KV group
@@ -113,26 +113,23 @@ def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int,
 
 
 class SelectionTelemetry:
-    """One request's accumulator (the engine keeps it on the `Sequence`; MSA layers add to it)."""
+    """One request's accumulator (the engine keeps it on the `Sequence`; MSA layers add to it).
+
+    Values are kept as they come (`_rows`: views of the layer's measured tensors, on the device) and summed once,
+    in `summary()`: adding them on arrival cost about 80 small kernels per request, layer and decode step (a
+    decode step of 64 requests on 30 layers launched some 150 000), so a telemetry run decoded many times slower
+    than the attention it measures."""
 
     def __init__(self, prompt_len: int, config: TelemetryConfig | None = None):
         self.config = config or TelemetryConfig()
         self.prompt_len = prompt_len
         self.probe_from = max(0, prompt_len - self.config.probe_queries)
-        self.sums: dict[int, torch.Tensor] = {}  # layer -> [metrics, Hkv] fp64 (on the device: no sync per layer)
-        self.counts: dict[int, torch.Tensor] = {}  # layer -> [metrics, Hkv] rows with a value
+        # (layer, first metric, values [metrics, n, Hkv]; NaN: no value), summed per layer in summary()
+        self._rows: list[tuple[int, int, torch.Tensor]] = []
+        self._first_layer: int | None = None  # the lowest MSA layer seen: rows are counted there, once per forward
         self.prefill_probes = self.decode_tokens = 0
         self._last_layer: tuple[int, int, torch.Tensor] | None = None  # (layer, first pos, ids) of this forward
         self._last_token: dict[int, tuple[int, torch.Tensor]] = {}  # layer -> (pos, ids [Hkv, k]) of the last row
-
-    def _add(self, layer: int, metric: int, values: torch.Tensor) -> None:
-        """values `[n, Hkv]` (NaN: no value) summed into `layer`'s row of `metric`."""
-        if layer not in self.sums:
-            self.sums[layer] = torch.zeros(len(METRICS), values.shape[1], dtype=torch.float64, device=values.device)
-            self.counts[layer] = torch.zeros_like(self.sums[layer])
-        has = ~torch.isnan(values)
-        self.sums[layer][metric] += torch.where(has, values, 0).sum(0).double()
-        self.counts[layer][metric] += has.sum(0).double()
 
     def observe(self, layer: int, q: torch.Tensor, k: torch.Tensor, pos0: int, ids: torch.Tensor, block: int,
                 topk: int, scale: float) -> None:
@@ -152,12 +149,10 @@ class SelectionTelemetry:
     def record(self, layer: int, pos0: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Add the measured probe rows (`row_metrics`' `[6, n, Hkv]`) at positions pos0.. with their ids (kept)."""
         n = ids.shape[0]
-        for i in range(len(_PER_ROW)):
-            self._add(layer, i, rows[i])
+        self._rows.append((layer, 0, rows))
         prev = self._last_layer
         if prev is not None and prev[0] < layer and prev[1] == pos0 and prev[2].shape == ids.shape:
-            self._add(prev[0], METRICS.index("layer_overlap"), overlap(prev[2], ids))
-        self._last_layer = (layer, pos0, ids)
+            self._rows.append((prev[0], _LAYER_OVERLAP, overlap(prev[2], ids)[None]))
         last = self._last_token.get(layer)
         dec = max(0, self.prompt_len - pos0)  # rows from here on are decode tokens
         if dec < n:
@@ -166,20 +161,39 @@ class SelectionTelemetry:
                 before = torch.cat([last[1][None], ids[:n - 1]])
             if before is not None:
                 first = n - before.shape[0]
-                self._add(layer, METRICS.index("decode_overlap"), overlap(ids[first:], before))
+                self._rows.append((layer, _DECODE_OVERLAP, overlap(ids[first:], before)[None]))
+        self._seen(layer, pos0, ids)
+
+    def _seen(self, layer: int, pos0: int, ids: torch.Tensor) -> None:
+        """After layer's rows at pos0.. (ids `[n, Hkv, k]`): remember them, count the rows once per forward."""
+        n = ids.shape[0]
+        self._last_layer = (layer, pos0, ids)
         self._last_token[layer] = (pos0 + n - 1, ids[-1])
-        if layer == min(self.sums):  # count rows once per forward (the first MSA layer)
+        if self._first_layer is None or layer < self._first_layer:
+            self._first_layer = layer
+        if layer == self._first_layer:  # the first MSA layer of a forward
             self.prefill_probes += max(0, min(n, self.prompt_len - pos0))
             self.decode_tokens += max(0, n - max(0, self.prompt_len - pos0))
 
     def summary(self) -> dict[str, object]:
-        """The record's `msa_telemetry` (module docstring)."""
-        layers = sorted(self.sums)
+        """The record's `msa_telemetry` (module docstring): the kept rows summed per layer (NaN: no value)."""
+        groups: dict[tuple[int, int, int], list[torch.Tensor]] = {}
+        for layer, first, vals in self._rows:
+            groups.setdefault((layer, first, vals.shape[0]), []).append(vals)
+        layers = sorted({layer for layer, _, _ in groups})
+        hkv = self._rows[0][2].shape[2] if self._rows else 0
+        sums = {layer: torch.zeros(len(METRICS), hkv, dtype=torch.float64) for layer in layers}
+        counts = {layer: torch.zeros_like(sums[layer]) for layer in layers}
+        for (layer, first, m), parts in groups.items():
+            vals = torch.cat(parts, dim=1).double().cpu()  # [m, rows, Hkv]
+            has = ~torch.isnan(vals)
+            sums[layer][first:first + m] += torch.where(has, vals, 0).sum(1)
+            counts[layer][first:first + m] += has.sum(1)
         per: dict[str, list] = {m: [] for m in METRICS}
         for layer in layers:
-            vals, counts = self.sums[layer].cpu(), self.counts[layer].cpu()
             for i, m in enumerate(METRICS):
-                row = [round(float(v) / float(c), 4) if c else None for v, c in zip(vals[i], counts[i], strict=True)]
+                row = [round(float(v) / float(c), 4) if c else None
+                       for v, c in zip(sums[layer][i], counts[layer][i], strict=True)]
                 per[m].append(row if any(v is not None for v in row) else None)
         mean = {}
         for m in METRICS:
@@ -214,12 +228,33 @@ def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: tor
                     topk: int, scale: float) -> None:
     """`observe_layer` for a step of one query per request (every decode token is a probe row): the rows of all
     requests measured at once (`engine.msa.recall.decode_step_probs`, chunks of at most `_MAX_ELEMENTS`
-    elements), then handed to each request's accumulator. A loop over 64 requests x 27
-    layers per step made a telemetry run several times slower than the attention it measures."""
+    elements), with the layer and decode overlaps of all requests, and handed to each request's accumulator as
+    views. A loop over 64 requests x 27 layers per step made a telemetry run several times slower than the
+    attention it measures."""
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     ids = ids[:q.shape[0]].clone()  # a decode plan reuses its ids buffer (and pads it past the batch)
     parts = [row_metrics(p, pos, ids[r0:r1], hkv, block, topk)
              for r0, r1, pos, p in decode_step_probs(q, k_cache, meta, scale, _MAX_ELEMENTS)]
     rows = torch.cat(parts, dim=1)  # [6, n, Hkv]
-    for r, acc in enumerate(meta.telemetry or []):
-        acc.record(layer, meta.kv_lens[r] - 1, ids[r:r + 1], rows[:, r:r + 1])
+    accs = meta.telemetry or []
+    pos0 = [kl - 1 for kl in meta.kv_lens[:len(accs)]]
+    prev = [a._last_layer for a in accs]
+    last = [a._last_token.get(layer) for a in accs]
+    # layer_overlap: the previous MSA layer of this forward; decode_overlap: the previous token of this layer
+    same_forward = [p is not None and p[0] < layer and p[1] == q0 and p[2].shape == ids[:1].shape
+                    for p, q0 in zip(prev, pos0, strict=True)]
+    after_token = [a.prompt_len <= q0 and t is not None and t[0] == q0 - 1
+                   for a, t, q0 in zip(accs, last, pos0, strict=True)]
+    if len(set(same_forward)) > 1 or len(set(after_token)) > 1:
+        for r, acc in enumerate(accs):  # requests at different stages: one at a time
+            acc.record(layer, pos0[r], ids[r:r + 1], rows[:, r:r + 1])
+        return
+    nan = torch.full_like(rows[:1], float("nan"))
+    do = overlap(ids, torch.stack([t[1] for t in last]))[None] if after_token[0] else nan  # type: ignore[index]
+    vals = torch.cat([rows, nan, do])  # [8, n, Hkv]: every metric of this layer (layer_overlap: NaN)
+    lo = overlap(torch.cat([p[2] for p in prev]), ids)[None] if same_forward[0] else None  # type: ignore[index]
+    for r, acc in enumerate(accs):  # views only: no kernel per request
+        acc._rows.append((layer, 0, vals[:, r:r + 1]))
+        if lo is not None:
+            acc._rows.append((prev[r][0], _LAYER_OVERLAP, lo[:, r:r + 1]))  # type: ignore[index]
+        acc._seen(layer, pos0[r], ids[r:r + 1])

@@ -218,9 +218,11 @@ def test_gpu_triton_path_with_eager_decode():
         assert _engine_telemetry(_random_engine("cuda", "msa-oracle", bf16, m3))["mean"]["recall"] == 1.0
 
 
-def test_a_decode_step_measured_at_once_equals_one_request_at_a_time():
-    """`observe_layer` on a step of one query per request (scattered pages, unequal lengths) adds to every
-    accumulator what `observe` adds for that request alone."""
+def test_decode_steps_measured_at_once_equal_one_request_at_a_time():
+    """`observe_layer` on steps of one query per request (scattered pages, unequal lengths) adds to every
+    accumulator what `observe` adds for that request alone: two steps (the second has a previous token: decode
+    overlap) over two layers (layer overlap); then a step where one request is still a prompt token (its stage
+    differs from the others')."""
     from engine.attention.dense import gather_kv
     from engine.msa.telemetry import observe_layer
     from engine.testing import decode_step_meta
@@ -229,20 +231,35 @@ def test_a_decode_step_measured_at_once_equals_one_request_at_a_time():
     hq, hkv, d, B, k = 8, 2, 64, 128, 4
     lens = [129, 700, 1000, 511, 300]
     kc = torch.randn(40, hkv, B, d, generator=g)
-    together = [SelectionTelemetry(n - 1) for n in lens]  # prompts of n - 1: this step's token is the first decode
-    meta = decode_step_meta(lens, 40, B, g, telemetry=together)
-    q = torch.randn(len(lens), hq, d, generator=g) * 2
-    ids = torch.stack([torch.tensor([[0, (n - 1) // B // 2, (n - 1) // B, -1]] * hkv, dtype=torch.int32)
-                       for n in lens])
-    for layer in (2, 3):
-        observe_layer(layer, q, kc, ids, meta, k, 0.125)
-    for r, (n, pl) in enumerate(zip(lens, meta.page_lists, strict=True)):
-        alone = SelectionTelemetry(n - 1)
-        for layer in (2, 3):
-            alone.observe(layer, q[r:r + 1], gather_kv(kc, pl, n), n - 1, ids[r:r + 1], B, k, 0.125)
-        a, b = together[r].summary(), alone.summary()
-        assert a["decode_tokens"] == b["decode_tokens"] == 1
-        for m in METRICS:
-            flat = [[v for row in x[m] or [] if row is not None for v in row] for x in (a, b)]
-            assert flat[0] == pytest.approx(flat[1], abs=2e-4), (r, m)
-        assert a["mean"] == pytest.approx(b["mean"], abs=2e-4)
+    prompts = [n - 1 for n in lens]  # the first step's token is the first decode token
+    together = [SelectionTelemetry(p) for p in prompts]
+    alone = [SelectionTelemetry(p) for p in prompts]
+
+    def step(at: list[int]) -> None:
+        meta = decode_step_meta(at, 40, B, g, telemetry=together)
+        q = torch.randn(len(at), hq, d, generator=g) * 2
+        for layer in (2, 3):  # each layer and token its own far block: the overlaps are not all 1
+            ids = torch.stack([torch.tensor([[0, 0, (n - 1) // B, -1]] * hkv, dtype=torch.int32) for n in at])
+            far, own = torch.randint(0, 1 << 20, ids.shape[:2], generator=g, dtype=torch.int32), ids[:, :, 2]
+            ids[:, :, 1] = torch.where(own > 1, far % (own - 1).clamp(min=1) + 1, 0)
+            observe_layer(layer, q, kc, ids, meta, k, 0.125)
+            for r, (n, pl) in enumerate(zip(at, meta.page_lists, strict=True)):
+                alone[r].observe(layer, q[r:r + 1], gather_kv(kc, pl, n), n - 1, ids[r:r + 1], B, k, 0.125)
+
+    def check(decode: list[int]) -> None:
+        for r in range(len(lens)):
+            a, b = together[r].summary(), alone[r].summary()
+            assert a["decode_tokens"] == b["decode_tokens"] == decode[r], r
+            for m in METRICS:
+                flat = [[v for row in x[m] or [] if row is not None for v in row] for x in (a, b)]
+                assert flat[0] == pytest.approx(flat[1], abs=2e-4, nan_ok=True), (r, m)
+            assert a["mean"] == pytest.approx(b["mean"], abs=2e-4)
+
+    step(lens)
+    step([n + 1 for n in lens])
+    check([2] * len(lens))
+    assert together[1].summary()["decode_overlap"] is not None
+    late = SelectionTelemetry(lens[0] + 2)  # request 0 restarts: its next token is its prompt's last
+    together[0], alone[0] = late, SelectionTelemetry(lens[0] + 2)
+    step([lens[0] + 2] + [n + 2 for n in lens[1:]])
+    check([0, 3, 3, 3, 3])
