@@ -236,6 +236,26 @@ def check_kv_scales(op: str, k_cache, v_cache, k_scale, v_scale, contiguous: boo
     return True
 
 
+def check_index_scale(op: str, k_idx_cache, k_idx_scale) -> bool:
+    """fp8 and int8 index keys come with their fp32 per-token scales ``[pages, B]`` (contiguous rows, on the keys'
+    device) and no other keys do; returns whether the keys are scaled."""
+    name = str(k_idx_cache.dtype).replace("torch.", "")
+    scaled = k_idx_cache.dtype in SCALED_INDEX_KEYS
+    if scaled and k_idx_scale is None:
+        raise ValueError(f"{op}: {name} index keys need k_idx_scale (fp32 [pages, B], the second output of "
+                         "kernels.decode.quantize_index_keys / quantize_int8_rows)")
+    if not scaled and k_idx_scale is not None:
+        raise ValueError(f"{op}: k_idx_scale goes with a float8_e4m3fn or int8 k_idx_cache, got a {name} one: "
+                         "drop k_idx_scale or pass the quantised keys")
+    if not scaled:
+        return False
+    check_tensor(op, "k_idx_scale", k_idx_scale, ndim=2, dtypes=(torch.float32,), device=k_idx_cache.device)
+    if tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2]) or k_idx_scale.stride(1) != 1:
+        raise ValueError(f"{op}: k_idx_scale must be [pages, B] = {tuple(k_idx_cache.shape[:2])} like k_idx_cache "
+                         f"with contiguous rows, got {tuple(k_idx_scale.shape)} (strides {k_idx_scale.stride()})")
+    return True
+
+
 def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, topk: int) -> tuple[int, int, int]:
     """q_idx ``[T, H, d_idx]``, k_idx_cache ``[P, B, d_idx]`` (+ scale ``[P, B]`` for fp8 / int8 keys); returns
     (H, B, d_idx)."""
@@ -248,14 +268,7 @@ def check_index_tensors(op: str, q_idx, k_idx_cache, k_idx_scale, tokens: int, t
         raise ValueError(f"{op}: k_idx_cache last dim must be contiguous")
     _, page, d_idx = k_idx_cache.shape
     check_query(op, "q_idx", q_idx, tokens, None, d_idx)
-    scaled = k_idx_cache.dtype in SCALED_INDEX_KEYS
-    if scaled != (k_idx_scale is not None):
-        raise ValueError(f"{op}: k_idx_scale ([num_pages, B] fp32) is required with float8_e4m3fn or int8 index "
-                         "keys and only then")
-    if scaled and (k_idx_scale.dtype != torch.float32 or tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2])
-                   or k_idx_scale.stride(1) != 1):
-        raise ValueError(f"{op}: k_idx_scale must be fp32 [num_pages, B] = {tuple(k_idx_cache.shape[:2])} with "
-                         "contiguous rows")
+    scaled = check_index_scale(op, k_idx_cache, k_idx_scale)
     if not scaled and q_idx.dtype != k_idx_cache.dtype:
         raise ValueError(f"{op}: q_idx and k_idx_cache must share one dtype, got {q_idx.dtype} and "
                          f"{k_idx_cache.dtype}")

@@ -8,7 +8,14 @@ import torch
 
 from kernels._common.fp8 import FP8
 from kernels._common.tiles import tile_table, token_requests
-from kernels._common.validate import SCALED_INDEX_KEYS, check_choice, check_lengths, check_size, check_tensor
+from kernels._common.validate import (
+    SCALED_INDEX_KEYS,
+    check_choice,
+    check_index_scale,
+    check_lengths,
+    check_size,
+    check_tensor,
+)
 
 from . import naive
 from .plan import OP, IndexerPlan, plan_indexer
@@ -22,7 +29,7 @@ def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, k
     check_tensor(OP, "q_idx", q_idx, ndim=3, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     dev = q_idx.device
     check_tensor(OP, "k_idx_cache", k_idx_cache, ndim=3, dtypes=(q_idx.dtype, *SCALED_INDEX_KEYS), device=dev)
-    _validate_scale(k_idx_cache, k_idx_scale)
+    check_index_scale(OP, k_idx_cache, k_idx_scale)
     check_tensor(OP, "page_table", page_table, ndim=2, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=dev)
     check_tensor(OP, "seq_lens_kv", seq_lens_kv, ndim=1, dtypes=(torch.int32,), device=dev)
@@ -33,23 +40,6 @@ def _validate(q_idx, k_idx_cache, page_table, cu_seqlens_q, seq_lens_kv, topk, k
     check_choice(OP, "topk", topk, TOPK_CHOICES)
     if not 1 <= h <= 16:
         raise ValueError(f"{OP}: q_idx must have 1..16 index heads (one per KV group), got {h}")
-
-
-def _validate_scale(k_idx_cache, k_idx_scale) -> None:
-    """fp8 and int8 index keys come with their fp32 per-token scales ``[pages, B]`` and nothing else does."""
-    name = str(k_idx_cache.dtype).replace("torch.", "")
-    if k_idx_cache.dtype in SCALED_INDEX_KEYS and k_idx_scale is None:
-        raise ValueError(f"{OP}: {name} index keys need k_idx_scale (fp32 [pages, B], the second output of "
-                         "kernels.decode.quantize_index_keys / quantize_int8_rows)")
-    if k_idx_cache.dtype not in SCALED_INDEX_KEYS and k_idx_scale is not None:
-        raise ValueError(f"{OP}: k_idx_scale goes with a float8_e4m3fn or int8 k_idx_cache, got a {name} one: "
-                         "drop k_idx_scale or pass the quantised keys")
-    if k_idx_scale is None:
-        return
-    check_tensor(OP, "k_idx_scale", k_idx_scale, ndim=2, dtypes=(torch.float32,), device=k_idx_cache.device)
-    if tuple(k_idx_scale.shape) != tuple(k_idx_cache.shape[:2]):
-        raise ValueError(f"{OP}: k_idx_scale must be [pages, B] = {tuple(k_idx_cache.shape[:2])} like k_idx_cache, "
-                         f"got {tuple(k_idx_scale.shape)}")
 
 
 def msa_indexer(q_idx: torch.Tensor, k_idx_cache: torch.Tensor, page_table: torch.Tensor,

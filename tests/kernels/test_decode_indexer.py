@@ -149,7 +149,7 @@ def _call(case, **over):
         (dict(page_table="float"), "page_table must be int32"),
         (dict(q_idx="bad_tokens"), "tokens, expected R\\*q_len"),
         (dict(q_idx="fp16"), "must share one dtype"),
-        (dict(k_idx_cache="fp8_no_scale"), "k_idx_scale"),
+        (dict(k_idx_cache="fp8_no_scale"), "float8_e4m3fn index keys need k_idx_scale"),  # validate.check_index_scale
         (dict(topk=1), "topk must be in 2..64"),
         (dict(page_table="out_of_range"), "page ids outside"),
     ],
