@@ -659,23 +659,11 @@ def _descriptors(q, k_cache, v_cache, out, group: int, block_n: int, q_tma: bool
             TensorDescriptor.from_tensor(out.view(-1, d), [group, d], box))
 
 
-def _fp8(k_cache, k_scale, v_scale) -> bool:
-    """Whether a launch is Q8KV8 (e4m3 caches or scales given: the FP8 launcher checks they go together)."""
-    return k_cache.dtype == torch.float8_e4m3fn or k_scale is not None or v_scale is not None
-
-
 def launch_gluon_tile(plan: PrefillPlan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv,
-                      tiles: tuple[torch.Tensor, torch.Tensor], union: TileUnions, qk_scale: float,
-                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+                      tiles: tuple[torch.Tensor, torch.Tensor], union: TileUnions, qk_scale: float) -> None:
     """The (tile, KV head) items over ``union`` (``unions.py``), writing ``out`` / ``lse`` of the union
-    blocks; ``qk_scale`` includes log2(e); ``plan.programs`` persistent programs. e4m3 caches (with
-    their fp32 scales ``[P, Hkv, B]``) run the Q8KV8 kernel of ``gluon_tile_fp8.py``."""
-    if _fp8(k_cache, k_scale, v_scale):
-        from kernels.sparse_prefill.gluon_tile_fp8 import launch_gluon_tile_fp8
-
-        launch_gluon_tile_fp8(plan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tiles, union, qk_scale,
-                              k_scale, v_scale)
-        return
+    blocks; ``qk_scale`` includes log2(e); ``plan.programs`` persistent programs. bf16 / fp16 caches (e4m3:
+    ``gluon_tile_fp8.launch_gluon_tile_fp8``; ``launch.gluon_launchers`` picks)."""
     tile_req, tile_start = tiles
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // hkv
@@ -691,18 +679,11 @@ def launch_gluon_tile(plan: PrefillPlan, q, k_cache, v_cache, out, lse, cu_seqle
 
 
 def launch_gluon_rare(plan: PrefillPlan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items: RareItems,
-                      qk_scale: float, k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> None:
+                      qk_scale: float) -> None:
     """Merge the rare pairs bucketed in ``items`` into ``out`` / ``lse``: one persistent launch of
     ``plan.rare_programs`` programs per round (a token is in at most one item of a round, so no two
     programs merge into the same rows at once); each item is one block for up to ``tile_q`` tokens,
-    its K / V read once for all of them. e4m3 caches: ``gluon_tile_fp8.py``, as ``launch_gluon_tile``."""
-    if _fp8(k_cache, k_scale, v_scale):
-        from kernels.sparse_prefill.gluon_tile_fp8 import launch_gluon_rare_fp8
-
-        launch_gluon_rare_fp8(plan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items, qk_scale,
-                              k_scale, v_scale)
-        return
+    its K / V read once for all of them. bf16 / fp16 caches (e4m3: ``gluon_tile_fp8.launch_gluon_rare_fp8``)."""
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // hkv
     qdesc, kdesc, vdesc, odesc = _descriptors(q, k_cache, v_cache, out, group, block, True)

@@ -4,9 +4,12 @@
 ``launch`` is the public entry point (the op and the benchmarks call it): regrouping, union build,
 tile kernel and rare pass for the tile design, the per-token kernel for ``design="token"``; ``launch_tile``
 runs the tile kernel alone over given unions. FP8 K/V: ``k_scale`` / ``v_scale`` go to every kernel launched
-(the Triton kernels' ``FP8`` mode; the Gluon launchers get them as keyword arguments, only when given).
+(the Triton kernels' ``FP8`` mode; for Gluon, ``gluon_launchers`` picks the Q8KV8 module and binds them).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -39,12 +42,11 @@ def launch(plan: PrefillPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return
     launch_tile(plan, q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tiles, union, out, lse, scale, k_scale, v_scale)
     if plan.rare_pass == "items":
-        from kernels.sparse_prefill.gluon_tile import launch_gluon_rare
         from kernels.sparse_prefill.rare_items import build_rare_items
 
         items = build_rare_items(union.rare_ids, page_table, cu_seqlens_q, plan.tile_q)
-        launch_gluon_rare(plan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items, scale * _LOG2E,
-                          **_given(k_scale, v_scale))
+        rare = gluon_launchers(k_cache, k_scale, v_scale)[1]
+        rare(plan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, items, scale * _LOG2E)
     elif plan.rare_pass == "token":
         _launch_token(plan, q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_kv, union.rare_ids, out, lse,
                       scale, merge=True, k_scale=k_scale, v_scale=v_scale)
@@ -58,18 +60,26 @@ def launch_tile(plan: PrefillPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cac
     and the benchmarks' dense baseline (unions of every visible block)."""
     qk_scale = scale * _LOG2E
     if plan.kernel == "gluon":
-        from kernels.sparse_prefill.gluon_tile import launch_gluon_tile
-
-        launch_gluon_tile(plan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tiles, union, qk_scale,
-                          **_given(k_scale, v_scale))
+        tile = gluon_launchers(k_cache, k_scale, v_scale)[0]
+        tile(plan, q, k_cache, v_cache, out, lse, cu_seqlens_q, seq_lens_kv, tiles, union, qk_scale)
     else:
         _launch_triton_tile(plan, q, k_cache, v_cache, cu_seqlens_q, seq_lens_kv, tiles, union, out, lse, qk_scale,
                             k_scale, v_scale)
 
 
-def _given(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The Gluon launchers get the scale arguments only when there are scales (bf16 calls stay as they were)."""
-    return {} if k_scale is None or v_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
+def gluon_launchers(k_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                    v_scale: torch.Tensor | None) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The Gluon (tile, rare) launchers for these caches, called as ``gluon_tile``'s: Q8KV8 (``gluon_tile_fp8``,
+    the scales bound) for e4m3 caches or when scales are given (its launchers refuse a mix in one line), else
+    bf16 / fp16 (``gluon_tile``). The one place that chooses between the two modules."""
+    if k_cache.dtype == torch.float8_e4m3fn or k_scale is not None or v_scale is not None:
+        from kernels.sparse_prefill.gluon_tile_fp8 import launch_gluon_rare_fp8, launch_gluon_tile_fp8
+
+        return (partial(launch_gluon_tile_fp8, k_scale=k_scale, v_scale=v_scale),
+                partial(launch_gluon_rare_fp8, k_scale=k_scale, v_scale=v_scale))
+    from kernels.sparse_prefill.gluon_tile import launch_gluon_rare, launch_gluon_tile
+
+    return launch_gluon_tile, launch_gluon_rare
 
 
 def _scale_args(k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> tuple:

@@ -174,8 +174,7 @@ def run_gluon_fp8(plan, case, out=None, lse=None):
     """``launch.launch``'s tile design step by step with the scales passed (bf16 caches: ``case`` without
     ``k_scale`` / ``v_scale``): unions, tile kernel, items pass (``plan.rare_pass`` "items" or None)."""
     from kernels._common.tiles import tile_table
-    from kernels.sparse_prefill.gluon_tile import launch_gluon_rare, launch_gluon_tile
-    from kernels.sparse_prefill.launch import plan_unions
+    from kernels.sparse_prefill.launch import gluon_launchers, plan_unions
     from kernels.sparse_prefill.rare_items import build_rare_items
 
     q = case["q"]
@@ -185,11 +184,11 @@ def run_gluon_fp8(plan, case, out=None, lse=None):
     tiles = tile_table(case["cu_seqlens_q"], q.shape[0], plan.tile_q, longest_first=False)
     union = plan_unions(plan, case["topk_ids"], case["page_table"], case["cu_seqlens_q"], tiles)
     args = (case["cu_seqlens_q"], case["seq_lens_kv"])
-    scales = dict(k_scale=case.get("k_scale"), v_scale=case.get("v_scale"))
-    launch_gluon_tile(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, tiles, union, qk_scale, **scales)
+    tile, rare = gluon_launchers(case["k_cache"], case.get("k_scale"), case.get("v_scale"))
+    tile(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, tiles, union, qk_scale)
     if plan.rare_pass == "items":
         items = build_rare_items(union.rare_ids, case["page_table"], case["cu_seqlens_q"], plan.tile_q)
-        launch_gluon_rare(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, items, qk_scale, **scales)
+        rare(plan, q, case["k_cache"], case["v_cache"], out, lse, *args, items, qk_scale)
     return out, lse
 
 
@@ -275,8 +274,8 @@ def test_gluon_q8kv8_rare_pass_merges_into_the_tile_output():
     (dict(k_cache="bf16", v_cache="bf16"), "go with float8_e4m3fn K/V caches only"),  # scales with bf16 caches
 ])
 def test_q8kv8_mixed_inputs_are_one_line_value_errors(change, match):
-    # (checked before anything touches a GPU: runs on the CPU)
-    from kernels.sparse_prefill.gluon_tile import launch_gluon_rare, launch_gluon_tile
+    # (checked before anything touches a GPU: runs on the CPU; `gluon_launchers` picks Q8KV8 once scales are given)
+    from kernels.sparse_prefill.launch import gluon_launchers
 
     case = fp8_case([20], [300], 1, 16, 64, 64, 4, device="cpu")
     for name, what in change.items():
@@ -288,10 +287,11 @@ def test_q8kv8_mixed_inputs_are_one_line_value_errors(change, match):
             case[name] = what
     plan: Any = None  # (not reached)
     args = (case["q"], case["k_cache"], case["v_cache"], case["q"], None, case["cu_seqlens_q"], case["seq_lens_kv"])
+    tile, rare = gluon_launchers(case["k_cache"], case["k_scale"], case["v_scale"])
     with pytest.raises(ValueError, match=match):
-        launch_gluon_tile(plan, *args, plan, plan, 0.1, k_scale=case["k_scale"], v_scale=case["v_scale"])
+        tile(plan, *args, plan, plan, 0.1)
     with pytest.raises(ValueError, match=match):
-        launch_gluon_rare(plan, *args, plan, 0.1, k_scale=case["k_scale"], v_scale=case["v_scale"])
+        rare(plan, *args, plan, 0.1)
 
 
 def test_emulated_rounding_is_within_the_tolerances_and_the_reference_sees_fp8():
