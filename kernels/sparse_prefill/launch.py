@@ -1,5 +1,5 @@
 """Launchers of the sparse prefill kernels: they run a ``PrefillPlan`` (``plan.py``) on inputs that
-``op.py`` validated, and decide and check nothing themselves.
+``op.py`` validated, and decide and check nothing themselves beyond the module the caches' dtype calls for.
 
 ``launch`` is the public entry point (the op and the benchmarks call it): regrouping, union build,
 tile kernel and rare pass for the tile design, the per-token kernel for ``design="token"``; ``launch_tile``
