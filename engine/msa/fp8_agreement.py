@@ -62,7 +62,7 @@ def _fp8_groups(x: torch.Tensor, width: int) -> torch.Tensor:
     return dequantize_rows(*quantize_rows(g)).reshape(x.shape)
 
 
-def _hadamard(d: int, device: torch.device) -> torch.Tensor:
+def hadamard(d: int, device: torch.device) -> torch.Tensor:
     """The orthonormal Sylvester-Hadamard matrix ``[d, d]`` (d a power of two), fp32."""
     if d & (d - 1):
         raise ValueError(f"a Hadamard rotation needs d_idx a power of two, got {d}")
@@ -73,7 +73,7 @@ def _hadamard(d: int, device: torch.device) -> torch.Tensor:
 
 
 def _rotated(x: torch.Tensor) -> torch.Tensor:
-    return x @ _hadamard(x.shape[-1], x.device)
+    return x @ hadamard(x.shape[-1], x.device)
 
 
 # variant -> (q, k) in fp32 from the captured fp32 values (q_raw, k_raw) and their bf16 roundings (qb, kb)
