@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._common.fp8 import FP8, quantize_rows
+from kernels._common.fp8 import FP8, hadamard, quantize_rows
 from kernels._common.int8 import INT8, quantize_int8_rows
 
 
@@ -33,12 +33,19 @@ def index_key_dtype(kv_dtype: torch.dtype, model_dtype: torch.dtype | None) -> t
 @dataclass(frozen=True)
 class CacheConfig:
     """`dtype`: of K and V (torch.float8_e4m3fn: e4m3 codes + fp32 scales); `model_dtype`: of the queries, the
-    index queries and (beside a bf16/fp16/fp32 cache) the index keys (None: `dtype`; an FP8 cache needs it)."""
+    index queries and (beside a bf16/fp16/fp32 cache) the index keys (None: `dtype`; an FP8 cache needs it);
+    `rotate_k` (FP8 only, `--kv-cache-dtype fp8-hadamard`): the layers store K, and attend with q, both multiplied
+    by `KVCache.k_rotation` after RoPE."""
 
     page_size: int = 128
     num_pages: int = 512
     dtype: torch.dtype = torch.float32
     model_dtype: torch.dtype | None = None
+    rotate_k: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rotate_k and self.dtype != FP8:
+            raise ValueError(f"rotate_k goes with an fp8 cache (--kv-cache-dtype fp8-hadamard), not {self.dtype}")
 
     @property
     def quantized(self) -> bool:
@@ -63,6 +70,8 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=cfg.dtype, device=device) for _ in range(num_layers)]
         self.quantized = cfg.quantized
+        # fp8-hadamard: q and K times this orthonormal [d, d] matrix after RoPE (q . k unchanged), else None
+        self.k_rotation = hadamard(head_dim, device) if cfg.rotate_k else None
         n_scaled = num_layers if self.quantized else 0
         self.k_scale = [torch.zeros(shape[:3], dtype=torch.float32, device=device) for _ in range(n_scaled)]
         self.v_scale = [torch.zeros(shape[:3], dtype=torch.float32, device=device) for _ in range(n_scaled)]

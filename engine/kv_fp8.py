@@ -14,24 +14,40 @@ from engine.attention.meta import AttentionMeta
 from engine.kv_cache import as_bytes
 from kernels._common.fp8 import FP8, KV_DTYPES, dequantize_rows, require_fp8
 
-KV_CACHE_DTYPES = KV_DTYPES  # ("auto", "bf16", "fp8"): the CLI's and the server's choices
+KV_CACHE_DTYPES = KV_DTYPES  # ("auto", "bf16", "fp8", "fp8-hadamard"): the CLI's and the server's choices
 
 
 def resolve_kv_dtype(choice: str, device: torch.device, auto: torch.dtype) -> torch.dtype:
     """`--kv-cache-dtype` -> the K/V storage dtype: "auto" = `auto` (the engine's own choice), "bf16",
-    "fp8" (e4m3 + fp32 scales; on a CUDA GPU only with FP8 tensor cores: `require_fp8`)."""
+    "fp8" and "fp8-hadamard" (e4m3 + fp32 scales; on a CUDA GPU only with FP8 tensor cores: `require_fp8`;
+    `rotates_k` tells the two apart)."""
     if choice == "auto":
         return auto
     if choice == "bf16":
         return torch.bfloat16
-    if choice == "fp8":
-        require_fp8("--kv-cache-dtype fp8", device)
+    if choice in ("fp8", "fp8-hadamard"):
+        require_fp8(f"--kv-cache-dtype {choice}", device)
         return FP8
     raise ValueError(f"unknown kv_cache_dtype {choice!r}: use one of {', '.join(KV_CACHE_DTYPES)}")
 
 
-def kv_dtype_name(dtype: torch.dtype) -> str:
-    """What a run's records call the K/V storage dtype: "fp8", "bf16", "fp16", "fp32"."""
+def rotates_k(choice: str) -> bool:
+    """Whether `--kv-cache-dtype` stores K rotated (`fp8-hadamard`: q and K times `kernels._common.fp8.hadamard`
+    after RoPE, so q . k is unchanged and each K row's e4m3 scale sees no outlier channel)."""
+    return choice == "fp8-hadamard"
+
+
+def check_rotation(choice: str, head_dim: int) -> None:
+    """`fp8-hadamard` rotates by the Hadamard matrix of the head dim: one line unless that is a power of two."""
+    if rotates_k(choice) and (head_dim < 1 or head_dim & (head_dim - 1)):
+        raise ValueError(f"--kv-cache-dtype fp8-hadamard rotates by a Hadamard matrix of the head dim, which must be "
+                         f"a power of two (this model's is {head_dim}); use --kv-cache-dtype fp8")
+
+
+def kv_dtype_name(dtype: torch.dtype, rotated: bool = False) -> str:
+    """What a run's records call the K/V storage: "fp8", "fp8-hadamard", "bf16", "fp16", "fp32"."""
+    if rotated:
+        return "fp8-hadamard"
     return {FP8: "fp8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
 
 

@@ -27,7 +27,7 @@ from engine.attention import AttentionKind, check_kind, make_attention, uses_ind
 from engine.cpu_weights import WEIGHT_MODES, attach_cpu_weights
 from engine.errors import EngineError
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, index_key_dtype, tokens_for_free_memory
-from engine.kv_fp8 import KV_CACHE_DTYPES, kv_dtype_name, resolve_kv_dtype
+from engine.kv_fp8 import KV_CACHE_DTYPES, check_rotation, kv_dtype_name, resolve_kv_dtype, rotates_k
 from engine.llm_engine import LLMEngine
 from engine.loader import load, model_family
 from engine.model import CausalLM
@@ -76,7 +76,7 @@ class LLM:
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        if kv_cache_dtype == "fp8":  # a GPU without FP8 tensor cores: one line before anything loads
+        if kv_cache_dtype in ("fp8", "fp8-hadamard"):  # a GPU without FP8 tensor cores: one line before loading
             try:
                 resolve_kv_dtype(kv_cache_dtype, self.device, self.dtype)
             except ValueError as e:
@@ -169,11 +169,12 @@ class LLM:
         auto = torch.bfloat16 if self.weights != "fp32" and not uses_indexer(attention) else self.dtype
         try:
             self.kv_dtype = resolve_kv_dtype(self.kv_cache_dtype, self.device, auto)
+            check_rotation(self.kv_cache_dtype, self.config.head_dim)
         except ValueError as e:
             raise EngineError(str(e)) from None
         fp8 = self.kv_dtype == torch.float8_e4m3fn
         model_dtype = self.dtype if fp8 else None  # FP8: q stays in the model dtype, the index keys go int8
-        self.kv_dtype_name = kv_dtype_name(self.kv_dtype)
+        self.kv_dtype_name = kv_dtype_name(self.kv_dtype, rotates_k(self.kv_cache_dtype))
         tokens = kv_cache_tokens
         if not tokens and self.device.type == "cuda":  # size the paged cache from free GPU memory
             per_token = bytes_per_token(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim,
@@ -185,7 +186,7 @@ class LLM:
                                   f"{self.max_model_len}: lower max_model_len or free GPU memory")
         tokens = tokens or max(2 * self.max_model_len, 32768)
         cache_cfg = CacheConfig(page_size=B, num_pages=-(-tokens // B), dtype=self.kv_dtype,
-                                model_dtype=model_dtype)
+                                model_dtype=model_dtype, rotate_k=rotates_k(self.kv_cache_dtype))
         self.cache = KVCache(self.config.num_layers, self.model.cfg.num_kv_heads, self.config.head_dim, cache_cfg,
                              self.device, index_dim=index_dim, index_layers=index_layers)
         self.engine = LLMEngine(self.model, self.tokenizer, attn, self.cache,

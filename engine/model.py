@@ -87,10 +87,16 @@ class DecoderLayer(nn.Module):
             q, k = rms_norm(q, self.q_norm, cfg.rms_eps), rms_norm(k, self.k_norm, cfg.rms_eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def _q_and_cache(self, h: torch.Tensor, cos, sin, meta: AttentionMeta, kc, vc, ks=None, vs=None) -> torch.Tensor:
+    def _q_and_cache(self, h: torch.Tensor, cos, sin, meta: AttentionMeta, kc, vc, ks=None, vs=None,
+                     k_rotation: torch.Tensor | None = None) -> torch.Tensor:
         """Project, rotate, write K/V into the cache slots (an FP8 cache: codes into kc/vc, scales into ks/vs);
-        return q `[T, Hq, d]`."""
+        return q `[T, Hq, d]`. `k_rotation` (`KVCache.k_rotation`, fp8-hadamard): q and K multiplied by it after
+        RoPE, K quantised from the fp32 product (unfused: the GPU's fused RoPE + cache-write kernel does not rotate)."""
         cfg = self.cfg
+        if k_rotation is not None:
+            q, k, v = self.qkv_proj(h, cos, sin)
+            write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k.float() @ k_rotation, v)
+            return (q.float() @ k_rotation).to(q.dtype)
         if self.q_norm is None:  # fused RoPE + cache write (one kernel on a GPU, row copies on the CPU)
             qkv = self.linear("qkv", h)
             if meta.cache_rows is not None:
@@ -112,7 +118,7 @@ class DecoderLayer(nn.Module):
             h, x = add_rms_norm(delta, self.in_norm, eps, residual=x)
         kc, vc = cache.k[self.idx], cache.v[self.idx]
         ks, vs = cache.scales(self.idx)
-        q = self._q_and_cache(h, cos, sin, meta, kc, vc, ks, vs)
+        q = self._q_and_cache(h, cos, sin, meta, kc, vc, ks, vs, cache.k_rotation)
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions,
                  k_scale=ks, v_scale=vs)
         o = self.reduce(self.linear("o_proj", o.reshape(o.shape[0], -1)))

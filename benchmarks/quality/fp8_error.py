@@ -14,7 +14,7 @@ against K/V in each variant and compared with the exact fp32 output: the relativ
 * `fp8_smooth_k`: K minus its per-channel mean over the prompt (per KV head) before e4m3, V e4m3: softmax is
   unchanged by the shift (q . mean is the same for every key of a query), so the gain is pure rounding; the
   mean of the whole prompt is an upper bound on what a calibrated per-layer offset could give;
-* `fp8_had`: q and K both multiplied by one orthonormal Hadamard matrix after RoPE (`engine.msa.fp8_agreement.
+* `fp8_had`: q and K both multiplied by one orthonormal Hadamard matrix after RoPE (`kernels._common.fp8.
   hadamard`: q . k unchanged), K e4m3, V e4m3: an outlier channel of K spread over all channels before its row
   scale is taken;
 * `q8kv8`: the Q8KV8 kernels' arithmetic on the fp8 cache (`kernels.sparse_prefill.naive`'s `q8kv8=True`:
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.cli import env_row, parser, run_sections, table
-from engine.msa.fp8_agreement import hadamard
+from kernels._common.fp8 import hadamard
 
 VARIANTS = ("bf16", "fp8", "fp8_k", "fp8_v", "fp8_smooth_k", "fp8_had", "q8kv8")
 

@@ -14,7 +14,8 @@ B/k; `NAME=ADAPTER_DIR@b64k8` runs it at B 64 / k 8), `NAME=+` (the shipped inde
 name) and `NAME=+L1,L2` (the shipped indexer with layers L1, L2 also dense:
 `engine.sparsify.subset.keep_dense`, byte for byte what `sparsify --dense-layers ...` trains).
 Any setting with the suffix `@fp8` (`dense@fp8`, `msa@fp8`, `NAME=DIR@fp8`) runs on an FP8 (e4m3) KV cache
-(`LLM(kv_cache_dtype="fp8")`) and is paired against the same setting without it (its `baseline`);
+(`LLM(kv_cache_dtype="fp8")`), with `@fp8-hadamard` on the rotated one (`kv_cache_dtype="fp8-hadamard"`), and is
+paired against the same setting without it (its `baseline`);
 every other setting is paired against `dense`.
 """
 from __future__ import annotations
@@ -81,19 +82,24 @@ def to_prompt(messages: list[dict], tok) -> list[dict] | list[int]:
     return tok.encode(continue_chat_text(messages, tok), add_special_tokens=False)
 
 
-FP8 = "@fp8"
+KV_SUFFIXES = {"@fp8": "fp8", "@fp8-hadamard": "fp8-hadamard"}  # setting suffix -> LLM kv_cache_dtype
+
+
+def _kv_suffix(spec: str) -> str | None:
+    return next((s for s in KV_SUFFIXES if spec.endswith(s)), None)
 
 
 def baseline(setting: str) -> str:
-    """What a setting is paired against: its bf16 twin for an `@fp8` setting, else `dense`."""
-    return setting.split("=", 1)[0].removesuffix(FP8) if setting.endswith(FP8) else "dense"
+    """What a setting is paired against: its bf16 twin for an `@fp8` / `@fp8-hadamard` setting, else `dense`."""
+    suffix = _kv_suffix(setting)
+    return setting.split("=", 1)[0].removesuffix(suffix) if suffix else "dense"
 
 
 def resolve_setting(model: str, spec: str, workdir: Path) -> tuple[str, str, str, dict, str]:
     """A setting spec -> (name, model for `LLM`, attention, MSA overrides, KV cache dtype)."""
-    if spec.endswith(FP8):
-        name, model, attention, over, _ = resolve_setting(model, spec.removesuffix(FP8), workdir)
-        return name + FP8, model, attention, over, "fp8"
+    if suffix := _kv_suffix(spec):
+        name, model, attention, over, _ = resolve_setting(model, spec.removesuffix(suffix), workdir)
+        return name + suffix, model, attention, over, KV_SUFFIXES[suffix]
     if "=" not in spec:
         attention, over = BUILTIN[spec]
         return spec, model, attention, over, "auto"

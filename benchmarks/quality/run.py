@@ -45,6 +45,10 @@ PRESETS: dict[str, Preset] = {
     "fp8": Preset("FP8 KV cache (issue 22): test split (seed 42), 100 per cell at 4K and 8K, dense and the shipped "
                   "indexer at top-k 4, each on a bf16 and an fp8 (e4m3) cache, paired fp8 vs bf16 (GPU)",
                   Needles(("dense", "dense@fp8", "msa", "msa@fp8"), recall=0, topk=4)),
+    "fp8-hadamard": Preset("`fp8` with the rotated cache too (`--kv-cache-dtype fp8-hadamard`): dense and msa on bf16, "
+                           "fp8 and fp8-hadamard caches, each fp8 setting paired against bf16 (GPU)",
+                           Needles(("dense", "dense@fp8", "dense@fp8-hadamard", "msa", "msa@fp8", "msa@fp8-hadamard"),
+                                   recall=0, topk=4)),
     "dense-runner": Preset("dense single needle through the runner on this machine (CPU: hours)",
                            runs=(dense("niah_single", "2k,4k", 20), dense("niah_single", "8k", 20),
                                  dense("niah_single_noise", "8k", 20),

@@ -86,6 +86,8 @@ class M3DecoderLayer(nn.Module):
         k = partial_rope(rms_norm(k.reshape(-1, cfg.num_kv_heads, d), self.k_norm, eps), cos, sin)
         kc, vc = cache.k[self.idx], cache.v[self.idx]
         ks, vs = cache.scales(self.idx)  # an FP8 cache: codes and per-row scales (engine.kv_cache.write_kv)
+        if (rot := cache.k_rotation) is not None:  # fp8-hadamard (engine.kv_cache.CacheConfig.rotate_k)
+            q, k = (q.float() @ rot).to(q.dtype), k.float() @ rot
         write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k, v.reshape(-1, cfg.num_kv_heads, d))
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions,
                  k_scale=ks, v_scale=vs)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels._common.fp8 import dequantize_rows, quantize_rows
+from kernels._common.fp8 import dequantize_rows, hadamard, quantize_rows
 from kernels._common.int8 import dequantize_int8_rows, dequantized_int8_queries, quantize_int8_rows
 from kernels.decode.fp8 import dequantized_index_queries, quantize_index_keys
 from kernels.indexer.naive import select_blocks
@@ -60,16 +60,6 @@ def _fp8_groups(x: torch.Tensor, width: int) -> torch.Tensor:
         raise ValueError(f"a {width}-dim scale group needs d_idx divisible by {width}, got {d}")
     g = x.reshape(*x.shape[:-1], d // width, width)
     return dequantize_rows(*quantize_rows(g)).reshape(x.shape)
-
-
-def hadamard(d: int, device: torch.device) -> torch.Tensor:
-    """The orthonormal Sylvester-Hadamard matrix ``[d, d]`` (d a power of two), fp32."""
-    if d & (d - 1):
-        raise ValueError(f"a Hadamard rotation needs d_idx a power of two, got {d}")
-    h = torch.ones(1, 1, device=device)
-    while h.shape[0] < d:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(d)
 
 
 def _rotated(x: torch.Tensor) -> torch.Tensor:

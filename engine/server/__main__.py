@@ -8,7 +8,7 @@ import argparse
 import os
 
 from engine.attention.kinds import ATTENTION_KINDS
-from engine.server.config import ServerConfig
+from engine.server.config import KV_CACHE_DTYPES, ServerConfig
 from engine.server.reasoning import REASONING_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -38,10 +38,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
                     default=os.environ.get("MSA_EVAL_REASONING_PARSER") or d.reasoning_parser,
                     help="<think> blocks -> reasoning_content: auto (when the chat template has them), think, none")
     ap.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
-    ap.add_argument("--kv-cache-dtype", choices=("auto", "bf16", "fp8"),
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                     default=os.environ.get("MSA_EVAL_KV_CACHE_DTYPE") or d.kv_cache_dtype,
                     help="K/V cache storage: auto (the model dtype), bf16, fp8 (e4m3 + fp32 scales; compute "
-                         "capability >= 8.9)")
+                         "capability >= 8.9), fp8-hadamard (fp8 with q and K rotated after RoPE)")
     ap.add_argument("--msa-topk", type=int, default=d.msa_topk,
                     help="MSA arms: blocks of keys each query reads (default: the model's indexer setting)")
     ap.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens,

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from engine.attention.kinds import AttentionKind
 from engine.server.reasoning import REASONING_PARSERS, ReasoningParser
 
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "fp8-hadamard")  # kernels._common.fp8.KV_DTYPES (that module loads torch)
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -44,8 +46,8 @@ class ServerConfig:
             raise ValueError(f"msa_topk must be >= 1, got {self.msa_topk}")
         if isinstance(self.default_max_tokens, bool) or self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-        if self.kv_cache_dtype not in ("auto", "bf16", "fp8"):  # engine.kv_fp8.KV_CACHE_DTYPES
-            raise ValueError(f"kv_cache_dtype must be one of auto, bf16, fp8, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
 

@@ -14,7 +14,7 @@ import torch
 
 E4M3_MAX = 448.0
 FP8 = torch.float8_e4m3fn
-KV_DTYPES = ("auto", "bf16", "fp8")
+KV_DTYPES = ("auto", "bf16", "fp8", "fp8-hadamard")
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,6 +30,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_rows(x8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """e4m3 ``[..., d]`` and fp32 ``[...]`` -> ``x8 * scale`` in ``dtype`` (computed in fp32)."""
     return (x8.float() * scale.float()[..., None]).to(dtype)
+
+
+def hadamard(d: int, device: torch.device | None = None) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix ``[d, d]`` (d a power of two), fp32: ``(q H) . (k H) = q . k``,
+    and a channel of ``k`` that dwarfs the others is spread over all of them before a row's e4m3 scale is taken
+    (the ``fp8-hadamard`` cache: ``benchmarks/quality/fp8_error.py`` measures the gain)."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"a Hadamard rotation needs a power-of-two dimension, got {d}")
+    h = torch.ones(1, 1, device=device)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / d ** 0.5
 
 
 def fp8_supported(device: torch.device) -> bool:

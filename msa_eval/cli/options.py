@@ -15,7 +15,7 @@ import click
 from engine.attention.kinds import ATTENTION_KINDS
 
 WEIGHT_MODES = ("fp32", "bf16", "q4")  # engine.cpu_weights.WEIGHT_MODES (that module loads torch)
-KV_CACHE_DTYPES = ("auto", "bf16", "fp8")  # kernels._common.fp8.KV_DTYPES (that module loads torch)
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "fp8-hadamard")  # kernels._common.fp8.KV_DTYPES (that module loads torch)
 
 
 def attention_option(default: str = "dense", extra: tuple[str, ...] = (), help: str | None = None) -> Callable:
@@ -75,7 +75,9 @@ def engine_options(f: Callable) -> Callable:
         click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
                      envvar="MSA_EVAL_KV_CACHE_DTYPE", show_envvar=True,
                      help="K/V cache storage: auto (the model dtype; bf16 for the CPU bf16/q4 weight modes), bf16, "
-                          "or fp8 (e4m3 with a fp32 scale per token and KV head; GPUs of compute capability >= 8.9)."),
+                          "fp8 (e4m3 with a fp32 scale per token and KV head; GPUs of compute capability >= 8.9), or "
+                          "fp8-hadamard (fp8 with q and K rotated by a Hadamard matrix after RoPE: q . k unchanged, "
+                          "about a third less K rounding error)."),
     ]
     for opt in reversed(opts):
         f = opt(f)

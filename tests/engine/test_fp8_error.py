@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchmarks.quality.fp8_error import VARIANTS, _attend, layer_errors
-from engine.msa.fp8_agreement import hadamard
+from kernels._common.fp8 import hadamard
 
 
 def test_e4m3_exact_rows_cost_nothing_and_rounding_q_and_p_does():

@@ -16,6 +16,8 @@ def _rows(setting: str, scores: list[float]) -> list[dict]:
 def test_fp8_settings_pair_against_their_bf16_twin():
     assert [needles.baseline(s) for s in ("msa", "msa@fp8", "dense@fp8", "x=/a/b@fp8", "x=/a/b")] == \
         ["dense", "msa", "dense", "x", "dense"]
+    assert [needles.baseline(s) for s in ("msa@fp8-hadamard", "x=/a/b@fp8-hadamard")] == ["msa", "x"]
+    assert needles.resolve_setting("m", "dense@fp8-hadamard", None)[1:] == ("m", "dense", {}, "fp8-hadamard")
     rows = (_rows("dense", [1, 1, 1, 0]) + _rows("dense@fp8", [1, 1, 0, 1])
             + _rows("msa", [1, 0, 0, 0]) + _rows("msa@fp8", [1, 0, 1, 1]))
     by = {c["setting"]: c for c in needles.cells(rows)}
