@@ -13,9 +13,9 @@ from typing import Any
 import click
 
 from engine.attention.kinds import ATTENTION_KINDS
+from engine.server.config import KV_CACHE_DTYPES  # torch-free: the CLI starts fast
 
 WEIGHT_MODES = ("fp32", "bf16", "q4")  # engine.cpu_weights.WEIGHT_MODES (that module loads torch)
-KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "fp8-hadamard")  # kernels._common.fp8.KV_DTYPES (that module loads torch)
 
 
 def attention_option(default: str = "dense", extra: tuple[str, ...] = (), help: str | None = None) -> Callable:
