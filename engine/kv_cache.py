@@ -135,6 +135,12 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == FP8 else t
 
 
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, rotation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8-hadamard (`KVCache.k_rotation`): q `[T, Hq, d]` and k `[T, Hkv, d]` times the rotation after RoPE, in
+    fp32; q back in its dtype, k left in fp32 so `write_kv` quantises the unrounded product."""
+    return (q.float() @ rotation).to(q.dtype), k.float() @ rotation
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
              v_scale: torch.Tensor | None, pages: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor) -> None:

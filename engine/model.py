@@ -23,7 +23,7 @@ from engine.config import ModelConfig
 from engine.cpu_decode import cache_rows, rope_and_write
 from engine.gpu.ops import rms_norm as rms_norm_op
 from engine.gpu.ops import rms_norm_ref, rope_cache, silu_mul
-from engine.kv_cache import KVCache, write_kv
+from engine.kv_cache import KVCache, rotate_qk, write_kv
 from engine.rope import RotaryEmbedding, apply_rope
 
 
@@ -93,11 +93,7 @@ class DecoderLayer(nn.Module):
         return q `[T, Hq, d]`. `k_rotation` (`KVCache.k_rotation`, fp8-hadamard): q and K multiplied by it after
         RoPE, K quantised from the fp32 product (unfused: the GPU's fused RoPE + cache-write kernel does not rotate)."""
         cfg = self.cfg
-        if k_rotation is not None:
-            q, k, v = self.qkv_proj(h, cos, sin)
-            write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k.float() @ k_rotation, v)
-            return (q.float() @ k_rotation).to(q.dtype)
-        if self.q_norm is None:  # fused RoPE + cache write (one kernel on a GPU, row copies on the CPU)
+        if self.q_norm is None and k_rotation is None:  # fused RoPE + cache write (one kernel on a GPU, rows on a CPU)
             qkv = self.linear("qkv", h)
             if meta.cache_rows is not None:
                 return rope_and_write(qkv, cos, sin, kc, vc, meta.cache_rows, cfg.num_heads, cfg.num_kv_heads,
@@ -105,6 +101,8 @@ class DecoderLayer(nn.Module):
             return rope_cache(qkv, cos, sin, kc, vc, meta.slot_pages, meta.slot_offsets, cfg.num_heads,
                               cfg.num_kv_heads, k_scale=ks, v_scale=vs)
         q, k, v = self.qkv_proj(h, cos, sin)
+        if k_rotation is not None:
+            q, k = rotate_qk(q, k, k_rotation)
         write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k, v)
         return q
 

@@ -19,7 +19,7 @@ from torch import nn
 from engine.attention.meta import AttentionMeta
 from engine.config import ModelConfig
 from engine.errors import UnsupportedModelError
-from engine.kv_cache import KVCache, write_kv
+from engine.kv_cache import KVCache, rotate_qk, write_kv
 from engine.m3.moe import DenseMLP, MoE, experts_impl
 from engine.model import add_rms_norm, rms_norm, whole
 from engine.msa.config import HEAD_DIMS
@@ -87,7 +87,7 @@ class M3DecoderLayer(nn.Module):
         kc, vc = cache.k[self.idx], cache.v[self.idx]
         ks, vs = cache.scales(self.idx)  # an FP8 cache: codes and per-row scales (engine.kv_cache.write_kv)
         if (rot := cache.k_rotation) is not None:  # fp8-hadamard (engine.kv_cache.CacheConfig.rotate_k)
-            q, k = (q.float() @ rot).to(q.dtype), k.float() @ rot
+            q, k = rotate_qk(q, k, rot)
         write_kv(kc, vc, ks, vs, meta.slot_pages, meta.slot_offsets, k, v.reshape(-1, cfg.num_kv_heads, d))
         o = attn(self.idx, q, kc, vc, meta, hidden=h, cos=cos, sin=sin, cache=cache, positions=positions,
                  k_scale=ks, v_scale=vs)

@@ -15,7 +15,7 @@ from engine.attention.msa_cpu import sparse_attention
 from engine.cpu_decode import CpuDecodePlan, cache_rows, rope_and_write
 from engine.gpu.ops import rope_cache, rope_cache_ref
 from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, index_key_dtype, write_kv
-from engine.kv_fp8 import dequant_pages, kv_dtype_name, resolve_kv_dtype
+from engine.kv_fp8 import check_rotation, dequant_pages, kv_dtype_name, resolve_kv_dtype
 from kernels._common.fp8 import FP8, KV_DTYPES, dequantize_rows, quantize_rows
 
 BF16 = torch.bfloat16
@@ -312,8 +312,8 @@ def test_default_model_fp8_msa_selects_on_int8_index_keys(default_llm):
 @pytest.mark.timeout(600)
 def test_m3_fp8_cache_keeps_int8_index_keys(tmp_path):
     """MiniMax-M3 (a tiny random checkpoint, `engine.m3.testing`; 876 tokens = 14 blocks of 64, its index branch
-    at top-4) on an fp8 cache: its sparse layers' index keys are int8 with scales, and the first token's top-5
-    log-probs are the fp32 cache's to 0.05 (measured: 0.007)."""
+    at top-4) on an fp8 and an fp8-hadamard cache: its sparse layers' index keys are int8 with scales, and the first
+    token's top-5 log-probs are the fp32 cache's to 0.05 (measured: 0.007 for fp8)."""
     pytest.importorskip("transformers")
     from engine import LLM, SamplingParams
     from engine.m3.testing import text_config, write_checkpoint
@@ -321,17 +321,20 @@ def test_m3_fp8_cache_keeps_int8_index_keys(tmp_path):
     write_checkpoint(tmp_path / "m3", text_config(num_layers=4, block=64, topk_blocks=4))
     ids = list(range(8, 300)) * 3
     out = {}
-    for kv in ("auto", "fp8"):
+    for kv in ("auto", "fp8", "fp8-hadamard"):
         llm = LLM(str(tmp_path / "m3"), attention="msa", device="cpu", kv_cache_tokens=4096, kv_cache_dtype=kv,
                   progress=False)
-        if kv == "fp8":
+        if kv != "auto":
             assert sorted(llm.cache.k_idx) == sorted(llm.cache.k_idx_scale) == [1, 3]  # the sparse layers
             assert all(t.dtype == torch.int8 for t in llm.cache.k_idx.values())
+            assert (llm.cache.k_rotation is not None) == (kv == "fp8-hadamard")
         out[kv] = llm.generate([ids], SamplingParams(max_tokens=2, ignore_eos=True, logprobs=5))[0]
-    la, lb = out["auto"].logprobs[0][1], out["fp8"].logprobs[0][1]
-    common = set(la) & set(lb)
-    assert out["auto"].token_ids[0] == out["fp8"].token_ids[0] and len(common) >= 4
-    assert max(abs(la[t] - lb[t]) for t in common) < 0.05
+    la = out["auto"].logprobs[0][1]
+    for kv in ("fp8", "fp8-hadamard"):
+        lb = out[kv].logprobs[0][1]
+        common = set(la) & set(lb)
+        assert out["auto"].token_ids[0] == out[kv].token_ids[0] and len(common) >= 4, kv
+        assert max(abs(la[t] - lb[t]) for t in common) < 0.05, kv
 
 
 @pytest.mark.timeout(900)
@@ -356,34 +359,6 @@ def test_fp8_hadamard_cache_tracks_fp32_closer_than_fp8():
     assert caches["fp8"].cache.k_rotation is None and had.cache.bytes() == caches["fp8"].cache.bytes()
     err = {kv: float((lp[kv] - lp["auto"]).abs().mean()) for kv in ("fp8", "fp8-hadamard")}
     assert err["fp8-hadamard"] < 0.9 * err["fp8"], err
-
-
-@pytest.mark.timeout(600)
-def test_m3_fp8_hadamard_cache(tmp_path):
-    """MiniMax-M3 (tiny random checkpoint, head dim 64) on an fp8-hadamard cache: its first token's top-5
-    log-probs are the fp32 cache's to 0.05, as plain fp8's are; bad settings are one line."""
-    pytest.importorskip("transformers")
-    from engine import LLM, SamplingParams
-    from engine.kv_cache import CacheConfig
-    from engine.kv_fp8 import check_rotation
-    from engine.m3.testing import text_config, write_checkpoint
-
-    write_checkpoint(tmp_path / "m3", text_config(num_layers=4, block=64, topk_blocks=4))
-    ids = list(range(8, 300)) * 3
-    out = {}
-    for kv in ("auto", "fp8-hadamard"):
-        llm = LLM(str(tmp_path / "m3"), attention="msa", device="cpu", kv_cache_tokens=4096, kv_cache_dtype=kv,
-                  progress=False)
-        out[kv] = llm.generate([ids], SamplingParams(max_tokens=2, ignore_eos=True, logprobs=5))[0]
-    la, lb = out["auto"].logprobs[0][1], out["fp8-hadamard"].logprobs[0][1]
-    common = set(la) & set(lb)
-    assert out["auto"].token_ids[0] == out["fp8-hadamard"].token_ids[0] and len(common) >= 4
-    assert max(abs(la[t] - lb[t]) for t in common) < 0.05
-    with pytest.raises(ValueError, match="rotate_k goes with an fp8 cache"):
-        CacheConfig(dtype=BF16, rotate_k=True)
-    with pytest.raises(ValueError, match=r"must be a power of two \(this model's is 96\); use --kv-cache-dtype fp8"):
-        check_rotation("fp8-hadamard", 96)
-    check_rotation("fp8", 96)  # only the rotation needs it
 
 
 def test_decode_benchmark_fills_an_fp8_cache():
@@ -426,6 +401,11 @@ def test_kv_dtype_choices_and_refusals(monkeypatch):
     assert kv_dtype_name(FP8, rotated=True) == "fp8-hadamard"
     with pytest.raises(ValueError, match="unknown kv_cache_dtype"):
         resolve_kv_dtype("int8", cpu, torch.float32)
+    with pytest.raises(ValueError, match="rotate_k goes with an fp8 cache"):
+        CacheConfig(dtype=BF16, rotate_k=True)
+    with pytest.raises(ValueError, match=r"must be a power of two \(this model's is 96\); use --kv-cache-dtype fp8"):
+        check_rotation("fp8-hadamard", 96)
+    check_rotation("fp8", 96)  # only the rotation needs it
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     with pytest.raises(ValueError, match=r"compute capability >= 8.9.*this GPU is 8\.0; use --kv-cache-dtype bf16"):
         resolve_kv_dtype("fp8", torch.device("cuda"), BF16)
