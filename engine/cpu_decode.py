@@ -32,14 +32,16 @@ def cache_rows(slot_pages: torch.Tensor, slot_offsets: torch.Tensor, num_kv_head
 
 def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, rows: torch.Tensor, num_heads: int, num_kv_heads: int,
-                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                   rotation: torch.Tensor | None = None) -> torch.Tensor:
     """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (rotated) and V written at `rows`.
 
     Same math as `engine.gpu.ops.rope_cache_ref` (rotate-half RoPE), with q and k rotated in one
     pass and each cache written by one `index_copy_`. A bfloat16 qkv (the CPU fast linears) is
     rotated in float32 (its product with the float32 cos/sin promotes); q comes back in the cache dtype.
     An FP8 cache (with `k_scale`, `v_scale` `[P, Hkv, B]`): K and V rows quantised (`quantize_rows`), the codes
-    and scales written at `rows`; q comes back in float32."""
+    and scales written at `rows`; q comes back in float32. `rotation` (fp8-hadamard's `KVCache.k_rotation`): q and
+    K multiplied by it after RoPE, in float32."""
     d = k_cache.shape[-1]
     t, nqk = qkv.shape[0], num_heads + num_kv_heads
     qk = qkv[:, : nqk * d].view(t, nqk, d)
@@ -47,6 +49,8 @@ def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ca
     c, s = cos[:, None, :], sin[:, None, :]
     rot = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
     qk = qk * c + rot * s
+    if rotation is not None:
+        qk = qk.float() @ rotation
     if k_scale is not None and v_scale is not None:
         k8, ks = quantize_rows(qk[:, num_heads:].reshape(t * num_kv_heads, d))
         v8, vs = quantize_rows(qkv[:, nqk * d:].reshape(t * num_kv_heads, d))

@@ -91,15 +91,15 @@ class DecoderLayer(nn.Module):
                      k_rotation: torch.Tensor | None = None) -> torch.Tensor:
         """Project, rotate, write K/V into the cache slots (an FP8 cache: codes into kc/vc, scales into ks/vs);
         return q `[T, Hq, d]`. `k_rotation` (`KVCache.k_rotation`, fp8-hadamard): q and K multiplied by it after
-        RoPE, K quantised from the fp32 product (unfused: the GPU's fused RoPE + cache-write kernel does not rotate)."""
+        RoPE, K quantised from the fp32 product (in the same fused pass, or after `qkv_proj`'s q/k norms)."""
         cfg = self.cfg
-        if self.q_norm is None and k_rotation is None:  # fused RoPE + cache write (one kernel on a GPU, rows on a CPU)
+        if self.q_norm is None:  # fused RoPE (+ rotation) + cache write (one kernel on a GPU, rows on a CPU)
             qkv = self.linear("qkv", h)
             if meta.cache_rows is not None:
                 return rope_and_write(qkv, cos, sin, kc, vc, meta.cache_rows, cfg.num_heads, cfg.num_kv_heads,
-                                      ks, vs)
+                                      ks, vs, k_rotation)
             return rope_cache(qkv, cos, sin, kc, vc, meta.slot_pages, meta.slot_offsets, cfg.num_heads,
-                              cfg.num_kv_heads, k_scale=ks, v_scale=vs)
+                              cfg.num_kv_heads, k_scale=ks, v_scale=vs, rotation=k_rotation)
         q, k, v = self.qkv_proj(h, cos, sin)
         if k_rotation is not None:
             q, k = rotate_qk(q, k, k_rotation)

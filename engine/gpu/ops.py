@@ -8,7 +8,8 @@ tensors, the reference on CPU tensors; `"triton"` on CPU needs TRITON_INTERPRET=
 Shapes: tokens packed `[T, ...]`; caches `[num_pages, Hkv, B, d]`; cos/sin fp32 `[T, d]`
 (rotate-half convention, `engine.rope`). An FP8 cache (`engine.kv_cache`) comes with fp32 scales
 `[num_pages, Hkv, B]`: `rope_cache` quantises each rotated K row and each V row by `kernels._common.fp8`'s
-rule (from the fp32 rotation, not a bf16-rounded one) and writes its scale in the same launch.
+rule (from the fp32 rotation, not a bf16-rounded one) and writes its scale in the same launch; with the
+fp8-hadamard rotation (`rotation`) q and K are multiplied by it in the same launch, before K's scale is taken.
 """
 from __future__ import annotations
 
@@ -77,18 +78,24 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
 def rope_cache_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                    v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
                    num_heads: int, num_kv_heads: int, k_scale: torch.Tensor | None = None,
-                   v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                   v_scale: torch.Tensor | None = None, rotation: torch.Tensor | None = None) -> torch.Tensor:
     d = k_cache.shape[-1]
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q = apply_rope(q.reshape(-1, num_heads, d), cos, sin)
+    quant = k_scale is not None and v_scale is not None
+    # K rotated in fp32 when it is quantised or multiplied by `rotation` (what the kernel does), else in its dtype
+    k = apply_rope((k.float() if quant or rotation is not None else k).reshape(-1, num_kv_heads, d), cos, sin)
     v = v.reshape(-1, num_kv_heads, d)
-    if k_scale is not None and v_scale is not None:  # FP8: quantise the fp32 rotation (what the kernel does)
-        k8, ks = quantize_rows(apply_rope(k.float().reshape(-1, num_kv_heads, d), cos, sin))
+    if rotation is not None:  # fp8-hadamard: q and K times the rotation after RoPE, in fp32
+        q = (apply_rope(q.float().reshape(-1, num_heads, d), cos, sin) @ rotation).to(qkv.dtype)
+        k = k @ rotation
+    else:
+        q = apply_rope(q.reshape(-1, num_heads, d), cos, sin)
+    if k_scale is not None and v_scale is not None:  # FP8: the codes and scales of the fp32 values
+        k8, ks = quantize_rows(k)
         v8, vs = quantize_rows(v)
         as_bytes(k_cache)[slot_pages, :, slot_offsets], k_scale[slot_pages, :, slot_offsets] = as_bytes(k8), ks
         as_bytes(v_cache)[slot_pages, :, slot_offsets], v_scale[slot_pages, :, slot_offsets] = as_bytes(v8), vs
         return q
-    k = apply_rope(k.reshape(-1, num_kv_heads, d), cos, sin)
     k_cache[slot_pages, :, slot_offsets] = k.to(k_cache.dtype)
     v_cache[slot_pages, :, slot_offsets] = v.to(v_cache.dtype)
     return q
@@ -105,45 +112,37 @@ def _e4m3_grid(x):
 
 
 @triton.jit
-def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pages_ptr, offs_ptr,
+def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, rot_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pages_ptr, offs_ptr,
                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                       QUANT: tl.constexpr, FP8_MAX: tl.constexpr, EXACT_ROUND: tl.constexpr):
+                       QUANT: tl.constexpr, ROTATE: tl.constexpr, FP8_MAX: tl.constexpr, EXACT_ROUND: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    half = tl.arange(0, D // 2)
+    cols = tl.arange(0, D)
     row = qkv_ptr + t * (HQ + 2 * HKV) * D + h * D
-    if h < HQ + HKV:  # q or k head: rotate
-        x1 = tl.load(row + half).to(tl.float32)
-        x2 = tl.load(row + D // 2 + half).to(tl.float32)
-        c1 = tl.load(cos_ptr + t * D + half)
-        c2 = tl.load(cos_ptr + t * D + D // 2 + half)
-        s1 = tl.load(sin_ptr + t * D + half)
-        s2 = tl.load(sin_ptr + t * D + D // 2 + half)
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
+    if h < HQ + HKV:  # q or k head: RoPE, rotate-half (y = x cos + [-x2, x1] sin), in fp32
+        x = tl.load(row + cols).to(tl.float32)
+        xr = tl.load(row + (cols + D // 2) % D).to(tl.float32)
+        xr = tl.where(cols < D // 2, -xr, xr)
+        y = x * tl.load(cos_ptr + t * D + cols) + xr * tl.load(sin_ptr + t * D + cols)
+        if ROTATE:  # fp8-hadamard: y @ R (R `[D, D]` fp32, KVCache.k_rotation), before K's scale is taken
+            y = tl.sum(y[:, None] * tl.load(rot_ptr + cols[:, None] * D + cols[None, :]), axis=0)
         if h < HQ:
             qdst = q_ptr + t * HQ * D + h * D  # its own name: Triton 3.6 types a name once across if/else
-            tl.store(qdst + half, y1.to(qdst.dtype.element_ty))
-            tl.store(qdst + D // 2 + half, y2.to(qdst.dtype.element_ty))
+            tl.store(qdst + cols, y.to(qdst.dtype.element_ty))
         else:
             page = tl.load(pages_ptr + t)
             off = tl.load(offs_ptr + t)
             slot = (page * HKV + (h - HQ)) * PAGE + off
-            dst = kc_ptr + slot * D
             if QUANT:  # kernels._common.fp8: scale = max(amax, 1e-12) / 448, codes = e4m3(clamp(y / scale))
-                amax = tl.maximum(tl.max(tl.abs(y1), axis=0), tl.max(tl.abs(y2), axis=0))
-                scale = tl.maximum(amax, 1e-12) / FP8_MAX
-                y1 = tl.minimum(tl.maximum(y1 / scale, -FP8_MAX), FP8_MAX)
-                y2 = tl.minimum(tl.maximum(y2 / scale, -FP8_MAX), FP8_MAX)
+                scale = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
+                y = tl.minimum(tl.maximum(y / scale, -FP8_MAX), FP8_MAX)
                 if EXACT_ROUND:
-                    y1, y2 = _e4m3_grid(y1), _e4m3_grid(y2)
+                    y = _e4m3_grid(y)
                 tl.store(ks_ptr + slot, scale)
-            tl.store(dst + half, y1.to(kc_ptr.dtype.element_ty))
-            tl.store(dst + D // 2 + half, y2.to(kc_ptr.dtype.element_ty))
+            tl.store(kc_ptr + slot * D + cols, y.to(kc_ptr.dtype.element_ty))
     else:  # v head: copy (quantise)
         page = tl.load(pages_ptr + t)
         off = tl.load(offs_ptr + t)
-        cols = tl.arange(0, D)
         slot = (page * HKV + (h - HQ - HKV)) * PAGE + off
         x = tl.load(row + cols)
         if QUANT:
@@ -161,18 +160,24 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr,
 def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, slot_pages: torch.Tensor, slot_offsets: torch.Tensor,
                num_heads: int, num_kv_heads: int, impl: str = "auto", k_scale: torch.Tensor | None = None,
-               v_scale: torch.Tensor | None = None) -> torch.Tensor:
+               v_scale: torch.Tensor | None = None, rotation: torch.Tensor | None = None) -> torch.Tensor:
     """qkv `[T, (Hq + 2 Hkv) d]` -> q `[T, Hq, d]` with RoPE; K (with RoPE) and V go to the cache slots
-    (`slot_pages`, `slot_offsets` int64 `[T]`); FP8 caches take their per-row scales in `k_scale`, `v_scale`."""
+    (`slot_pages`, `slot_offsets` int64 `[T]`); FP8 caches take their per-row scales in `k_scale`, `v_scale`.
+    `rotation` (fp32 `[d, d]`, `KVCache.k_rotation` of fp8-hadamard): q and K multiplied by it after RoPE."""
     quant = check_kv_scales("rope_cache", k_cache, v_cache, k_scale, v_scale, contiguous=True)
+    d = k_cache.shape[-1]
+    if rotation is not None and (rotation.shape != (d, d) or rotation.dtype != torch.float32
+                                 or rotation.device != qkv.device or not rotation.is_contiguous()):
+        raise ValueError(f"rope_cache: rotation must be a contiguous float32 [{d}, {d}] on {qkv.device}, got "
+                         f"{rotation.dtype} {tuple(rotation.shape)} on {rotation.device}")
     if resolve_impl(impl, qkv.device) == "torch":
         return rope_cache_ref(qkv, cos, sin, k_cache, v_cache, slot_pages, slot_offsets, num_heads, num_kv_heads,
-                              k_scale, v_scale)
+                              k_scale, v_scale, rotation)
     if quant:
         from kernels._common.fp8 import require_fp8
 
         require_fp8("rope_cache", qkv.device)
-    t, d = qkv.shape[0], k_cache.shape[-1]
+    t = qkv.shape[0]
     if not qkv.is_contiguous() or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * d:
         raise ValueError(f"rope_cache: qkv must be contiguous [T, {(num_heads + 2 * num_kv_heads) * d}]")
     if cos.dtype != torch.float32 or cos.shape != (t, d) or not (cos.is_contiguous() and sin.is_contiguous()):
@@ -184,9 +189,10 @@ def rope_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache:
         ks = k_scale if k_scale is not None else cos  # unused without QUANT
         vs = v_scale if v_scale is not None else cos
         _rope_cache_kernel[(t, num_heads + 2 * num_kv_heads)](
-            qkv, cos, sin, q, k_cache, v_cache, ks, vs, slot_pages, slot_offsets, HQ=num_heads, HKV=num_kv_heads,
-            D=d, PAGE=k_cache.shape[2], QUANT=quant, FP8_MAX=E4M3_MAX,
-            EXACT_ROUND=quant and interpreting(), num_warps=1)
+            qkv, cos, sin, rotation if rotation is not None else cos, q, k_cache, v_cache, ks, vs, slot_pages,
+            slot_offsets, HQ=num_heads, HKV=num_kv_heads, D=d, PAGE=k_cache.shape[2], QUANT=quant,
+            ROTATE=rotation is not None, FP8_MAX=E4M3_MAX, EXACT_ROUND=quant and interpreting(),
+            num_warps=1 if rotation is None else 4 if d <= 64 else 8)
     return q
 
 

@@ -14,9 +14,9 @@ from engine.attention.meta import AttentionMeta
 from engine.attention.msa_cpu import sparse_attention
 from engine.cpu_decode import CpuDecodePlan, cache_rows, rope_and_write
 from engine.gpu.ops import rope_cache, rope_cache_ref
-from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, index_key_dtype, write_kv
+from engine.kv_cache import CacheConfig, KVCache, bytes_per_token, index_key_dtype, rotate_qk, write_kv
 from engine.kv_fp8 import check_rotation, dequant_pages, kv_dtype_name, resolve_kv_dtype
-from kernels._common.fp8 import FP8, KV_DTYPES, dequantize_rows, quantize_rows
+from kernels._common.fp8 import FP8, KV_DTYPES, dequantize_rows, hadamard, quantize_rows
 
 BF16 = torch.bfloat16
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -104,23 +104,28 @@ def _fp8_caches(pages, hkv, page, d):
 
 
 @needs_triton
+@pytest.mark.parametrize("rotated", [False, True], ids=["fp8", "fp8-hadamard"])
 @pytest.mark.parametrize("dtype", [torch.float32, BF16])
 @pytest.mark.parametrize("shape", [(7, 6, 3, 64, 16), (5, 4, 1, 32, 8)])  # (T, Hq, Hkv, d, B)
-def test_rope_cache_kernel_fp8_matches_reference(dtype, shape):
-    """The Triton kernel (on the GPU when there is one, else under TRITON_INTERPRET=1) against the reference."""
+def test_rope_cache_kernel_fp8_matches_reference(dtype, shape, rotated):
+    """The Triton kernel (on the GPU when there is one, else under TRITON_INTERPRET=1) against the reference,
+    with fp8-hadamard's rotation of q and K in the same launch too."""
     t, hq, hkv, d, page = shape
     qkv, cos, sin = (x.to(DEV) for x in _rope_inputs(t, hq, hkv, d, dtype, seed=t + d))
+    rotation = hadamard(d, DEV) if rotated else None
     n_pages = 4
     slots = torch.randperm(n_pages * page, generator=torch.Generator().manual_seed(3))[:t]
     pages, offs = (slots // page).to(DEV), (slots % page).to(DEV)
     out = []
     for impl in ("torch", "triton"):
         kc, vc, ks, vs = (x.to(DEV) for x in _fp8_caches(n_pages, hkv, page, d))
-        q = rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, impl=impl, k_scale=ks, v_scale=vs)
+        q = rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, impl=impl, k_scale=ks, v_scale=vs,
+                       rotation=rotation)
         out.append(tuple(x.cpu() for x in (q, kc, vc, ks, vs)))
     pages, offs = pages.cpu(), offs.cpu()
     (q0, *ref), (q1, *got) = out
-    tol = 4e-2 if dtype == BF16 else 1e-5  # the reference rotates q in bf16, the kernel in fp32
+    # the reference rotates an unrotated bf16 q in bf16, the kernel in fp32 (both round the rotated q to bf16)
+    tol = 1e-5 if dtype != BF16 else 1e-2 if rotated else 4e-2
     torch.testing.assert_close(q1.float(), q0.float(), rtol=tol, atol=tol)
     for a, b in zip(ref[:2], got[:2], strict=True):  # codes: at most rare one-code rounding differences
         diff = (a.view(torch.uint8).int() - b.view(torch.uint8).int()).abs()
@@ -152,6 +157,46 @@ def test_rope_cache_fp8_values_and_bad_inputs():
         rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, k_scale=ks[:1], v_scale=vs)
     with pytest.raises(ValueError, match=r"must be fp32 \[num_pages, Hkv, B\]"):
         rope_cache(qkv, cos, sin, kc, vc, pages, offs, hq, hkv, k_scale=ks.to(BF16), v_scale=vs)
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "fp32"])
+def test_rotated_rope_cache_paths_agree(fp8):
+    """fp8-hadamard's three write paths hold the same values: the fused reference (`rope_cache_ref` with the
+    rotation), the CPU decode rows (`rope_and_write`) and the unfused layer path (RoPE, `rotate_qk`, `write_kv`);
+    and the rotation leaves q . k as it was."""
+    from engine.rope import apply_rope
+
+    t, hq, hkv, d, page = 6, 6, 3, 64, 16
+    qkv, cos, sin = _rope_inputs(t, hq, hkv, d, torch.float32, seed=11)
+    rot = hadamard(d)
+    pages, offs = torch.tensor([2, 0, 0, 1, 2, 3]), torch.tensor([0, 1, 15, 4, 9, 3])
+
+    def caches():
+        return _fp8_caches(4, hkv, page, d) if fp8 else (torch.zeros(5, hkv, page, d), torch.zeros(5, hkv, page, d),
+                                                         None, None)
+
+    ref, rows, unfused = caches(), caches(), caches()
+    q_ref = rope_cache_ref(qkv, cos, sin, *ref[:2], pages, offs, hq, hkv, *ref[2:], rotation=rot)
+    q_rows = rope_and_write(qkv, cos, sin, *rows[:2], cache_rows(pages, offs, hkv, page), hq, hkv, *rows[2:], rot)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], -1)
+    q, k = apply_rope(q.reshape(t, hq, d), cos, sin), apply_rope(k.reshape(t, hkv, d), cos, sin)
+    q_unf, k_rot = rotate_qk(q, k, rot)
+    write_kv(*unfused[:2], *unfused[2:], pages, offs, k_rot, v.reshape(t, hkv, d))
+    for got_q, got in ((q_rows, rows), (q_unf, unfused)):
+        torch.testing.assert_close(got_q.float(), q_ref, rtol=1e-5, atol=1e-5)
+        for a, b in zip(ref[:2], got[:2], strict=True):
+            if fp8:  # e4m3 codes of fp32 values equal to summation order: at most a rare one-code difference
+                diff = (a.view(torch.uint8).int() - b.view(torch.uint8).int()).abs()
+                assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+            else:
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    k_plain = apply_rope(qkv[:, hq * d:(hq + hkv) * d].reshape(t, hkv, d), cos, sin)
+    scores = torch.einsum("thd,tkd->thk", q, k_plain)
+    torch.testing.assert_close(torch.einsum("thd,tkd->thk", q_ref, k_rot), scores, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(k_rot, k_plain, atol=1e-2)  # the stored K really is rotated
+    with pytest.raises(ValueError, match=r"rotation must be a contiguous float32 \[64, 64\]"):
+        rope_cache(qkv, cos, sin, *ref[:2], pages, offs, hq, hkv, k_scale=ref[2], v_scale=ref[3],
+                   rotation=rot[:32])
 
 
 def test_cpu_rope_and_write_equals_the_reference():
