@@ -149,9 +149,11 @@ def all_logits(llm, ids: list[int], chunk: int | None = None) -> torch.Tensor:
     return torch.cat(outs)
 
 
-def decode_step_meta(lens: list[int], num_pages: int, page_size: int, generator: torch.Generator, **kw):
-    """An `AttentionMeta` of a decode step (one query per request) over `lens` keys per request, each request's
-    pages a random scattered subset of `num_pages` (page table padded with -1); `kw` adds fields (telemetry)."""
+def decode_step_meta(lens: list[int], num_pages: int, page_size: int, generator: torch.Generator,
+                     q_lens: list[int] | None = None, **kw):
+    """An `AttentionMeta` of a decode step (one query per request; `q_lens`: that many each, a mixed step of
+    prompt chunks and decode tokens) over `lens` keys per request, each request's pages a random scattered
+    subset of `num_pages` (page table padded with -1); `kw` adds fields (telemetry)."""
     from engine.attention.meta import AttentionMeta
 
     perm = torch.randperm(num_pages, generator=generator).tolist()
@@ -164,4 +166,5 @@ def decode_step_meta(lens: list[int], num_pages: int, page_size: int, generator:
         table[r, :len(pl)] = torch.tensor(pl, dtype=torch.int32)
     z = torch.zeros(1, dtype=torch.int32)
     return AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table, slot_pages=z, slot_offsets=z,
-                         q_lens=[1] * len(lens), kv_lens=list(lens), page_lists=lists, is_decode=True, **kw)
+                         q_lens=q_lens or [1] * len(lens), kv_lens=list(lens), page_lists=lists,
+                         is_decode=not q_lens or all(n == 1 for n in q_lens), **kw)

@@ -6,9 +6,10 @@ then attends over them exactly like `msa`. Its gap to dense is the cost of block
 `msa` and `msa-oracle` is the cost of the indexer.
 
 The masses come from dense attention scores (`engine.msa.recall.dense_probs`), one request at a time,
-queries in chunks: O(context^2) work, like dense attention itself, and not capturable in a CUDA graph. A
-decode step (one query per request) scores every request at once over its pages (`_decode_ids`): a loop over
-64 requests x 30 layers per step made the arm several times slower than the attention it measures.
+queries in chunks: O(context^2) work, like dense attention itself, and not capturable in a CUDA graph. The
+requests of a step with one query each (decode tokens, also beside prompt chunks in a mixed step) are scored at
+once over their pages (`_decode_ids`): a loop over 64 requests x 30 layers per step made the arm several times
+slower than the attention it measures.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
 from engine.attention.msa import CpuMaskedMSA, MSAAttention
-from engine.msa.recall import decode_step_probs, dense_probs
+from engine.msa.recall import decode_step_probs, dense_probs, single_query_rows
 
 # fp32 elements of the largest probability chunk [Tc, Hq, S] per device type: 64 MiB on a CPU, 1 GiB on a GPU
 # (a long prompt's masses in a few large launches instead of hundreds of small ones)
@@ -29,15 +30,26 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
     blocks by mass, descending, ties to the smaller id; the own block in the last valid slot; -1 padding)."""
     from kernels.indexer.naive import select_blocks
 
-    if len(meta.q_lens) > 1 and all(n == 1 for n in meta.q_lens):
-        return _decode_ids(q, k_cache, meta, topk, scale)
     hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
+    limit = _MAX_ELEMENTS.get(q.device.type, 1 << 24)
+    reqs, rows = single_query_rows(meta)
+    if len(reqs) == len(meta.q_lens):  # a decode step: every request scored at once
+        return _decode_ids(q, k_cache, meta.kv_lens, meta.page_table, topk, scale, limit)
     out = torch.full((q.shape[0], hkv, topk), -1, dtype=torch.int32, device=q.device)
+    if reqs:  # the decode tokens of a mixed step, at once; the prompt chunks below one at a time
+        at = torch.as_tensor(rows, device=q.device)
+        out[at] = _decode_ids(q[at], k_cache, [meta.kv_lens[r] for r in reqs],
+                              meta.page_table[torch.as_tensor(reqs, device=meta.page_table.device)], topk, scale,
+                              limit)
+    batched = set(reqs)
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
+        if r in batched:
+            start += ql
+            continue
         k = gather_kv(k_cache, meta.page_lists[r], kl)  # [Hkv, S, d]
         nb = -(-kl // block)
-        chunk = max(1, _MAX_ELEMENTS.get(q.device.type, 1 << 24) // (hq * kl))
+        chunk = max(1, limit // (hq * kl))
         for c0 in range(0, ql, chunk):
             c1 = min(ql, c0 + chunk)
             pos = kl - ql + torch.arange(c0, c1, device=q.device)
@@ -49,14 +61,15 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
     return out
 
 
-def _decode_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk: int, scale: float
-                ) -> torch.Tensor:
-    """`oracle_ids` of a step with one query per request: every request scored at once (`decode_step_probs`)."""
+def _decode_ids(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: list[int], page_table: torch.Tensor, topk: int,
+                scale: float, limit: int) -> torch.Tensor:
+    """`oracle_ids` of requests with one query each (q `[R, Hq, d]`, their lengths and page-table rows): every
+    request scored at once (`decode_step_probs`)."""
     from kernels.indexer.naive import select_blocks
 
     hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     out = []
-    for r0, r1, pos, p in decode_step_probs(q, k_cache, meta, scale, _MAX_ELEMENTS.get(q.device.type, 1 << 24)):
+    for r0, r1, pos, p in decode_step_probs(q, k_cache, kv_lens, page_table, scale, limit):
         mass = p.view(r1 - r0, hkv, hq // hkv, -1).sum(2).view(r1 - r0, hkv, -1, block).sum(-1)
         out.append(select_blocks(mass, pos // block, topk))
     return torch.cat(out)

@@ -32,20 +32,35 @@ def dense_probs_rows(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, scale:
     return torch.softmax(sc.masked_fill(~vis[:, None, :], float("-inf")), dim=-1)
 
 
-def decode_step_probs(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, scale: float, max_elements: int):
-    """A step of one query per request (q `[R, Hq, d]`): yields (r0, r1, pos, p) per chunk of requests, p the
-    dense probabilities fp32 `[r1 - r0, Hq, S]` over each request's pages gathered at once (`gather_pages`;
-    S = the longest request's pages, masked past each one's position pos = kv_len - 1); a chunk holds at most
-    `max_elements` probabilities or gathered key elements."""
+def decode_step_probs(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: list[int], page_table: torch.Tensor,
+                      scale: float, max_elements: int):
+    """R requests of one query each (q `[R, Hq, d]`, their `kv_lens` and `page_table` rows `[R, pages]`): yields
+    (r0, r1, pos, p) per chunk of requests, p the dense probabilities fp32 `[r1 - r0, Hq, S]` over each request's
+    pages gathered at once (`gather_pages`; S = the longest request's pages, masked past each one's position
+    pos = kv_len - 1); a chunk holds at most `max_elements` probabilities or gathered key elements."""
     r_all, hq, d = q.shape
     hkv, block = k_cache.shape[1], k_cache.shape[2]
-    pos = torch.tensor(meta.kv_lens, device=q.device) - 1
-    npg = -(-max(meta.kv_lens) // block)
+    pos = torch.tensor(kv_lens, device=q.device) - 1
+    npg = -(-max(kv_lens) // block)
     rows = max(1, max_elements // (npg * block * max(hq, hkv * d)))
     for r0 in range(0, r_all, rows):
         r1 = min(r_all, r0 + rows)
-        k = gather_pages(k_cache, meta.page_table[r0:r1], npg)
+        k = gather_pages(k_cache, page_table[r0:r1], npg)
         yield r0, r1, pos[r0:r1], dense_probs_rows(q[r0:r1], k, pos[r0:r1], scale)
+
+
+def single_query_rows(meta: AttentionMeta, keep=None) -> tuple[list[int], list[int]]:
+    """The requests of a step with one query token each (decode tokens; `keep(r)` may drop some) and their rows in
+    the packed q, when there are at least two of them (else two empty lists): the readers that score every
+    query against its whole context (oracle selection, telemetry) take these in one batch, whatever else the
+    step holds (a mixed step of prefill chunks and decode tokens is the common one under continuous batching)."""
+    reqs, rows, start = [], [], 0
+    for r, ql in enumerate(meta.q_lens):
+        if ql == 1 and (keep is None or keep(r)):
+            reqs.append(r)
+            rows.append(start)
+        start += ql
+    return (reqs, rows) if len(reqs) > 1 else ([], [])
 
 
 def block_mask(ids: torch.Tensor, seq_len: int, block: int, group: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ import torch
 
 from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
-from engine.msa.recall import decode_step_probs, dense_probs
+from engine.msa.recall import decode_step_probs, dense_probs, single_query_rows
 
 METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "far_recall", "layer_overlap",
            "decode_overlap")
@@ -210,34 +210,43 @@ class SelectionTelemetry:
 def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,
                   topk: int, scale: float) -> None:
     """One MSA layer call: each request of the batch with an accumulator in `meta.telemetry` adds its probe rows.
-    q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding)."""
+    q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding). The requests
+    with one probe query this step (decode tokens, whatever else the step holds) are measured at once
+    (`_observe_decode`), the prompt chunks one request at a time."""
     accs = meta.telemetry or []
-    if accs and len(meta.q_lens) > 1 and all(n == 1 for n in meta.q_lens) and all(
-            a is not None and kl - 1 >= a.probe_from for a, kl in zip(accs, meta.kv_lens, strict=False)):
-        return _observe_decode(layer, q, k_cache, ids, meta, topk, scale)
+    if not accs:
+        return
+    reqs, rows = single_query_rows(meta, lambda r: accs[r] is not None and meta.kv_lens[r] - 1 >= accs[r].probe_from)
+    if len(reqs) == len(meta.q_lens):  # a decode step (a decode plan reuses its ids buffer, padded past the batch)
+        qs, sel, pt = q, ids[:q.shape[0]].clone(), meta.page_table
+    elif reqs:  # the decode tokens of a mixed step (indexing copies)
+        at = torch.as_tensor(rows, device=q.device)
+        qs, sel, pt = q[at], ids[at], meta.page_table[torch.as_tensor(reqs, device=meta.page_table.device)]
+    if reqs:
+        _observe_decode(layer, qs, k_cache, sel, [meta.kv_lens[r] for r in reqs], pt, [accs[r] for r in reqs], topk,
+                        scale)
+    batched = set(reqs)
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
-        acc = meta.telemetry[r] if meta.telemetry is not None else None
-        if acc is not None and kl > acc.probe_from:
+        acc = accs[r]
+        if acc is not None and kl > acc.probe_from and r not in batched:
             k = gather_kv(k_cache, meta.page_lists[r], kl)
             acc.observe(layer, q[start:start + ql], k, kl - ql, ids[start:start + ql], k_cache.shape[2], topk, scale)
         start += ql
 
 
-def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,
-                    topk: int, scale: float) -> None:
-    """`observe_layer` for a step of one query per request (every decode token is a probe row): the rows of all
-    requests measured at once (`engine.msa.recall.decode_step_probs`, chunks of at most `_MAX_ELEMENTS`
-    elements), with the layer and decode overlaps of all requests, and handed to each request's accumulator as
-    views. A loop over 64 requests x 27 layers per step made a telemetry run several times slower than the
-    attention it measures."""
+def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, kv_lens: list[int],
+                    page_table: torch.Tensor, accs: list[SelectionTelemetry], topk: int, scale: float) -> None:
+    """`observe_layer` for requests of one query each (q `[R, Hq, d]`, ids `[R, Hkv, k]`, their lengths, page-table
+    rows and accumulators; every such query is a probe row): the rows of all of them measured at once
+    (`engine.msa.recall.decode_step_probs`, chunks of at most `_MAX_ELEMENTS` elements), with their layer and
+    decode overlaps, and handed to each accumulator as views. A loop over 64 requests x 27 layers per step made a
+    telemetry run several times slower than the attention it measures."""
     hkv, block = k_cache.shape[1], k_cache.shape[2]
-    ids = ids[:q.shape[0]].clone()  # a decode plan reuses its ids buffer (and pads it past the batch)
     parts = [row_metrics(p, pos, ids[r0:r1], hkv, block, topk)
-             for r0, r1, pos, p in decode_step_probs(q, k_cache, meta, scale, _MAX_ELEMENTS)]
+             for r0, r1, pos, p in decode_step_probs(q, k_cache, kv_lens, page_table, scale, _MAX_ELEMENTS)]
     rows = torch.cat(parts, dim=1)  # [6, n, Hkv]
-    accs = meta.telemetry or []
-    pos0 = [kl - 1 for kl in meta.kv_lens[:len(accs)]]
+    pos0 = [kl - 1 for kl in kv_lens]
     prev = [a._last_layer for a in accs]
     last = [a._last_token.get(layer) for a in accs]
     # layer_overlap: the previous MSA layer of this forward; decode_overlap: the previous token of this layer

@@ -92,23 +92,28 @@ def test_oracle_ids_keep_the_most_mass_in_the_indexers_layout():
     assert 0 < best / n <= 1
 
 
+@pytest.mark.parametrize("q_lens", [None, [1, 1, 90, 1, 1, 40]], ids=["decode", "mixed"])
 @pytest.mark.parametrize("max_elements", [None, 1 << 16])  # one chunk of requests, or one request per chunk
-def test_decode_step_scores_all_requests_at_once_like_one_at_a_time(monkeypatch, max_elements):
-    """A decode step (one query per request, scattered pages of unequal lengths) gets the ids the
-    per-request path gives each request alone."""
+def test_decode_step_scores_all_requests_at_once_like_one_at_a_time(monkeypatch, max_elements, q_lens):
+    """A decode step (one query per request, scattered pages of unequal lengths), and a mixed step (prompt chunks
+    beside the decode tokens, as continuous batching runs them), get the ids the per-request path gives each
+    request alone."""
     from engine.attention import oracle
 
     if max_elements:
         monkeypatch.setitem(oracle._MAX_ELEMENTS, "cpu", max_elements)
     g = torch.Generator().manual_seed(3)
     hq, hkv, d, B, k = 8, 2, 64, 128, 4
-    lens = [1, 130, 700, 1000, 511]
+    lens = [1, 130, 700, 1000, 511, 300]
+    q_of = q_lens or [1] * len(lens)
     kc = torch.randn(40, hkv, B, d, generator=g)
-    meta = decode_step_meta(lens, 40, B, g)
+    meta = decode_step_meta(lens, 40, B, g, q_lens=q_lens)
     lists, table, z = meta.page_lists, meta.page_table, meta.cu_seqlens_q
-    q = torch.randn(len(lens), hq, d, generator=g) * 2
+    q = torch.randn(sum(q_of), hq, d, generator=g) * 2
     got = oracle_ids(q, kc, meta, k, d ** -0.5)
-    for r, (n, pl) in enumerate(zip(lens, lists, strict=True)):
+    start = 0
+    for r, (n, pl, ql) in enumerate(zip(lens, lists, q_of, strict=True)):
         one = AttentionMeta(cu_seqlens_q=z, seq_lens_kv=z, page_table=table[r:r + 1], slot_pages=z, slot_offsets=z,
-                            q_lens=[1], kv_lens=[n], page_lists=[pl], is_decode=True)
-        assert torch.equal(got[r], oracle_ids(q[r:r + 1], kc, one, k, d ** -0.5)[0]), r
+                            q_lens=[ql], kv_lens=[n], page_lists=[pl], is_decode=ql == 1)
+        assert torch.equal(got[start:start + ql], oracle_ids(q[start:start + ql], kc, one, k, d ** -0.5)), r
+        start += ql

@@ -222,7 +222,8 @@ def test_decode_steps_measured_at_once_equal_one_request_at_a_time():
     """`observe_layer` on steps of one query per request (scattered pages, unequal lengths) adds to every
     accumulator what `observe` adds for that request alone: two steps (the second has a previous token: decode
     overlap) over two layers (layer overlap); then a step where one request is still a prompt token (its stage
-    differs from the others')."""
+    differs from the others'); then a mixed step, a new request's prompt chunk (probe rows) beside the decode
+    tokens, as continuous batching runs them (the decode tokens still measured at once)."""
     from engine.attention.dense import gather_kv
     from engine.msa.telemetry import observe_layer
     from engine.testing import decode_step_meta
@@ -235,16 +236,23 @@ def test_decode_steps_measured_at_once_equal_one_request_at_a_time():
     together = [SelectionTelemetry(p) for p in prompts]
     alone = [SelectionTelemetry(p) for p in prompts]
 
-    def step(at: list[int]) -> None:
-        meta = decode_step_meta(at, 40, B, g, telemetry=together)
-        q = torch.randn(len(at), hq, d, generator=g) * 2
+    def step(at: list[int], q_lens: list[int] | None = None) -> None:
+        q_lens = q_lens or [1] * len(at)
+        meta = decode_step_meta(at, 40, B, g, q_lens=q_lens, telemetry=together)
+        q = torch.randn(sum(q_lens), hq, d, generator=g) * 2
+        pos = torch.cat([torch.arange(n - ql, n) for n, ql in zip(at, q_lens, strict=True)])
         for layer in (2, 3):  # each layer and token its own far block: the overlaps are not all 1
-            ids = torch.stack([torch.tensor([[0, 0, (n - 1) // B, -1]] * hkv, dtype=torch.int32) for n in at])
-            far, own = torch.randint(0, 1 << 20, ids.shape[:2], generator=g, dtype=torch.int32), ids[:, :, 2]
+            ids = torch.tensor([[0, 0, -1, -1]], dtype=torch.int32).repeat(len(pos), hkv, 1)
+            own = (pos // B).to(torch.int32)[:, None].expand(-1, hkv)
+            far = torch.randint(0, 1 << 20, ids.shape[:2], generator=g, dtype=torch.int32)
             ids[:, :, 1] = torch.where(own > 1, far % (own - 1).clamp(min=1) + 1, 0)
+            ids[:, :, 2] = own
             observe_layer(layer, q, kc, ids, meta, k, 0.125)
-            for r, (n, pl) in enumerate(zip(at, meta.page_lists, strict=True)):
-                alone[r].observe(layer, q[r:r + 1], gather_kv(kc, pl, n), n - 1, ids[r:r + 1], B, k, 0.125)
+            start = 0
+            for r, (n, pl, ql) in enumerate(zip(at, meta.page_lists, q_lens, strict=True)):
+                alone[r].observe(layer, q[start:start + ql], gather_kv(kc, pl, n), n - ql, ids[start:start + ql], B,
+                                 k, 0.125)
+                start += ql
 
     def check(decode: list[int]) -> None:
         for r in range(len(lens)):
@@ -263,3 +271,8 @@ def test_decode_steps_measured_at_once_equal_one_request_at_a_time():
     together[0], alone[0] = late, SelectionTelemetry(lens[0] + 2)
     step([lens[0] + 2] + [n + 2 for n in lens[1:]])
     check([0, 3, 3, 3, 3])
+    fresh = 400  # request 2 restarts with a 400-token prompt: its last 90 prompt tokens beside four decode tokens
+    together[2], alone[2] = SelectionTelemetry(fresh), SelectionTelemetry(fresh)
+    step([lens[0] + 3, lens[1] + 3, fresh, lens[3] + 3, lens[4] + 3], [1, 1, 90, 1, 1])
+    check([1, 4, 0, 4, 4])
+    assert together[2].summary()["prefill_probes"] == 64 and together[3].summary()["decode_overlap"] is not None
