@@ -76,11 +76,10 @@ class LLM:
         if isinstance(dtype, str):
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        if kv_cache_dtype in ("fp8", "fp8-hadamard"):  # a GPU without FP8 tensor cores: one line before loading
-            try:
-                resolve_kv_dtype(kv_cache_dtype, self.device, self.dtype)
-            except ValueError as e:
-                raise EngineError(str(e)) from None
+        try:  # an unknown choice, or FP8 on a GPU without FP8 tensor cores: one line before anything loads
+            resolve_kv_dtype(kv_cache_dtype, self.device, self.dtype)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
         self.parallel = None
         if tensor_parallel_size != 1:  # engine.parallel: this process is rank 0 (or a worker rank 0 launched)
             settings = dict(locals())  # the arguments (as checked so far): every rank builds the same LLM

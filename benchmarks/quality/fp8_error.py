@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.cli import env_row, parser, run_sections, table
-from kernels._common.fp8 import hadamard
+from kernels._common.fp8 import dequantize_rows, hadamard, quantize_rows
 
 VARIANTS = ("bf16", "fp8", "fp8_k", "fp8_v", "fp8_smooth_k", "fp8_had", "q8kv8")
 
@@ -91,8 +91,6 @@ def capture_qkv(llm, prompt_ids: Sequence[int]) -> dict[int, tuple[torch.Tensor,
 
 
 def _fp8(x: torch.Tensor) -> torch.Tensor:
-    from kernels._common.fp8 import dequantize_rows, quantize_rows
-
     return dequantize_rows(*quantize_rows(x))
 
 
@@ -110,7 +108,6 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos0: int, scale:
 def _q8kv8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos0: int, scale: float, block: int = 128
            ) -> torch.Tensor:
     """The Q8KV8 kernels' arithmetic (`naive.sparse_attention_reference(q8kv8=True)`) with every block selected."""
-    from kernels._common.fp8 import quantize_rows
     from kernels.sparse_prefill.naive import sparse_attention_reference
 
     t, hkv, d = k.shape
