@@ -18,11 +18,7 @@ import torch
 from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
 from engine.attention.msa import CpuMaskedMSA, MSAAttention
-from engine.msa.recall import decode_step_probs, dense_probs, single_query_rows
-
-# fp32 elements of the largest probability chunk [Tc, Hq, S] per device type: 64 MiB on a CPU, 1 GiB on a GPU
-# (a long prompt's masses in a few large launches instead of hundreds of small ones)
-_MAX_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 28}
+from engine.msa.recall import chunk_elements, decode_step_probs, dense_probs, single_query_rows
 
 
 def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk: int, scale: float) -> torch.Tensor:
@@ -31,7 +27,7 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
     from kernels.indexer.naive import select_blocks
 
     hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
-    limit = _MAX_ELEMENTS.get(q.device.type, 1 << 24)
+    limit = chunk_elements(q.device)
     reqs, rows = single_query_rows(meta)
     if len(reqs) == len(meta.q_lens):  # a decode step: every request scored at once
         return _decode_ids(q, k_cache, meta.kv_lens, meta.page_table, topk, scale, limit)

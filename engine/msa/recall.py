@@ -10,7 +10,15 @@ import torch
 from engine.attention.dense import gather_kv, gather_pages
 from engine.attention.meta import AttentionMeta
 
-_MAX_ELEMENTS = 1 << 24
+# fp32 elements of the largest chunk of dense probabilities or gathered keys, per device type: 64 MiB on a CPU,
+# 1 GiB on a GPU (there a chunk is a launch: a long context's masses in a few large launches, not hundreds of small
+# ones). The one budget of every exact reader here, the oracle selection and the selection telemetry.
+CHUNK_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 28}
+
+
+def chunk_elements(device: torch.device) -> int:
+    """`CHUNK_ELEMENTS` of `device`'s type (the CPU's for any other)."""
+    return CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cpu"])
 
 
 def dense_probs(q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, scale: float) -> torch.Tensor:
@@ -80,7 +88,7 @@ def selected_mass(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, i
     total, count, start = 0.0, 0, 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         k = gather_kv(k_cache, meta.page_lists[r], kl)
-        chunk = max(1, _MAX_ELEMENTS // (hq * kl))
+        chunk = max(1, chunk_elements(q.device) // (hq * kl))
         for c0 in range(0, ql, chunk):
             c1 = min(ql, c0 + chunk)
             pos = kl - ql + torch.arange(c0, c1, device=q.device)

@@ -27,7 +27,8 @@ probe row contributes (one row = one query position; every value lies in [0, 1])
   blocks| (the previous token: the last prompt token for the first decode step); None without decode.
 
 The dense masses are computed exactly in fp32 over the probe rows only (O(P x context) per layer, in
-row chunks of at most 2^24 probabilities, `engine.msa.recall.dense_probs`), never O(context^2).
+row chunks of `engine.msa.recall.chunk_elements`: 2^24 fp32 elements on a CPU, 2^28 on a GPU), never
+O(context^2).
 
 Stored per request as `RequestOutput.metrics["msa_telemetry"]` (`summary()`), rounded to 4 digits:
 `{"version", "probe_queries", "prefill_probes", "decode_tokens", "decode", "layers": [MSA layer ids],
@@ -46,12 +47,11 @@ import torch
 
 from engine.attention.dense import gather_kv
 from engine.attention.meta import AttentionMeta
-from engine.msa.recall import decode_step_probs, dense_probs, single_query_rows
+from engine.msa.recall import chunk_elements, decode_step_probs, dense_probs, single_query_rows
 
 METRICS = ("recall", "mass_recall", "mass", "keys_read", "local_share", "far_recall", "layer_overlap",
            "decode_overlap")
 _LAYER_OVERLAP, _DECODE_OVERLAP = METRICS.index("layer_overlap"), METRICS.index("decode_overlap")
-_MAX_ELEMENTS = 1 << 24  # fp32 probabilities per chunk [rows, Hq, S]
 _TIE = 1e-6  # block masses this close to the oracle's smallest kept mass count as the oracle's
 VERSION = 2  # 2: far_recall, counts per KV group
 
@@ -141,7 +141,7 @@ class SelectionTelemetry:
         q, ids, pos0 = q[skip:], ids[skip:].clone(), pos0 + skip  # a decode plan reuses its ids buffer
         n, hq, s, hkv = q.shape[0], q.shape[1], k.shape[1], k.shape[0]
         pos = torch.arange(pos0, pos0 + n, device=q.device)
-        chunk = max(1, _MAX_ELEMENTS // (hq * s))
+        chunk = max(1, chunk_elements(q.device) // (hq * s))
         rows = torch.cat([row_metrics(dense_probs(q[c:c + chunk], k, pos[c:c + chunk], scale), pos[c:c + chunk],
                                       ids[c:c + chunk], hkv, block, topk) for c in range(0, n, chunk)], dim=1)
         self.record(layer, pos0, ids, rows)
@@ -239,12 +239,13 @@ def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: tor
                     page_table: torch.Tensor, accs: list[SelectionTelemetry], topk: int, scale: float) -> None:
     """`observe_layer` for requests of one query each (q `[R, Hq, d]`, ids `[R, Hkv, k]`, their lengths, page-table
     rows and accumulators; every such query is a probe row): the rows of all of them measured at once
-    (`engine.msa.recall.decode_step_probs`, chunks of at most `_MAX_ELEMENTS` elements), with their layer and
+    (`engine.msa.recall.decode_step_probs`, chunks of at most `chunk_elements` elements), with their layer and
     decode overlaps, and handed to each accumulator as views. A loop over 64 requests x 27 layers per step made a
     telemetry run several times slower than the attention it measures."""
     hkv, block = k_cache.shape[1], k_cache.shape[2]
     parts = [row_metrics(p, pos, ids[r0:r1], hkv, block, topk)
-             for r0, r1, pos, p in decode_step_probs(q, k_cache, kv_lens, page_table, scale, _MAX_ELEMENTS)]
+             for r0, r1, pos, p in decode_step_probs(q, k_cache, kv_lens, page_table, scale,
+                                                                 chunk_elements(q.device))]
     rows = torch.cat(parts, dim=1)  # [6, n, Hkv]
     pos0 = [kl - 1 for kl in kv_lens]
     prev = [a._last_layer for a in accs]

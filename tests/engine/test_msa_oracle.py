@@ -98,10 +98,10 @@ def test_decode_step_scores_all_requests_at_once_like_one_at_a_time(monkeypatch,
     """A decode step (one query per request, scattered pages of unequal lengths), and a mixed step (prompt chunks
     beside the decode tokens, as continuous batching runs them), get the ids the per-request path gives each
     request alone."""
-    from engine.attention import oracle
+    from engine.msa import recall
 
     if max_elements:
-        monkeypatch.setitem(oracle._MAX_ELEMENTS, "cpu", max_elements)
+        monkeypatch.setitem(recall.CHUNK_ELEMENTS, "cpu", max_elements)
     g = torch.Generator().manual_seed(3)
     hq, hkv, d, B, k = 8, 2, 64, 128, 4
     lens = [1, 130, 700, 1000, 511, 300]
