@@ -18,7 +18,9 @@ against K/V in each variant and compared with the exact fp32 output: the relativ
   hadamard`: q . k unchanged), K e4m3, V e4m3: an outlier channel of K spread over all channels before its row
   scale is taken;
 * `q8kv8`: the Q8KV8 kernels' arithmetic on the fp8 cache (`kernels.sparse_prefill.naive`'s `q8kv8=True`:
-  q rounded to e4m3 per row, P in [0, 256] rounded to e4m3 with the V scales folded in), every block selected.
+  q rounded to e4m3 per row, P in [0, 256] rounded to e4m3 with the V scales folded in), every block selected;
+* `q8kv8_had`: the same on the rotated cache (`fp8-hadamard`: q and K rotated before q and K are rounded), what the
+  GPU's FP8 attention kernels compute on it.
 
     python -m benchmarks.quality.fp8_error --preset headline [--json OUT]
 
@@ -35,7 +37,7 @@ import torch
 from benchmarks.cli import env_row, parser, run_sections, table
 from kernels._common.fp8 import dequantize_rows, hadamard, quantize_rows
 
-VARIANTS = ("bf16", "fp8", "fp8_k", "fp8_v", "fp8_smooth_k", "fp8_had", "q8kv8")
+VARIANTS = ("bf16", "fp8", "fp8_k", "fp8_v", "fp8_smooth_k", "fp8_had", "q8kv8", "q8kv8_had")
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ def layer_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, probe: int, 
         "fp8_smooth_k": lambda: _attend(qp, _fp8(k - k.mean(0, keepdim=True)), f8v, pos0, scale),
         "fp8_had": lambda: _attend(qp @ had, _fp8(k @ had), f8v, pos0, scale),
         "q8kv8": lambda: _q8kv8(qp, k, v, pos0, scale),
+        "q8kv8_had": lambda: _q8kv8(qp @ had, k @ had, v, pos0, scale),
     }
     unknown = [name for name in variants if name not in make]
     if unknown:
