@@ -58,8 +58,10 @@ class AttentionMeta:
     in_graph: bool = False  # this forward is captured / replayed as a CUDA graph
     # CPU: flat cache row of each (token, KV head) (`engine.cpu_decode.cache_rows`), set once per forward
     cache_rows: torch.Tensor | None = None
-    # selection telemetry: per request its `engine.msa.telemetry.SelectionTelemetry` or None (set by the engine)
+    # selection telemetry: per request its `engine.msa.telemetry.SelectionTelemetry` or None (set by the engine),
+    # and the rows its MSA layers measured at once, handed over after the forward's last MSA layer
     telemetry: list[Any] | None = None
+    telemetry_pending: list[Any] = field(default_factory=list)
 
     @property
     def num_requests(self) -> int:

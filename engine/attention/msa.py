@@ -59,6 +59,7 @@ class MSAAttention:
         self.msa, self.proj, self.rope, self.scale, self.impl = msa, projections, rope, scale, impl
         self.num_layers = num_layers
         self.msa_layers = set(projections.layer_ids)
+        self.last_msa_layer = max(self.msa_layers, default=-1)  # telemetry hands a forward's rows over after it
         self.dense = dense
         self.track_recall = track_recall
         self.recall: dict[int, list[float]] = {}
@@ -102,7 +103,7 @@ class MSAAttention:
                            cache.index_scale(layer))
         out = self._attend(q, k_cache, v_cache, ids, meta, **scales)
         if meta.telemetry is not None:  # engine.msa.telemetry: probe rows against the oracle
-            observe_layer(layer, q, keys, ids, meta, self.msa.topk, self.scale)
+            observe_layer(layer, q, keys, ids, meta, self.msa.topk, self.scale, last=layer == self.last_msa_layer)
         if self.track_recall:
             s, n = selected_mass(q, keys, meta, ids, self.scale)
             acc = self.recall.setdefault(layer, [0.0, 0])

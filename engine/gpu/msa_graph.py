@@ -100,5 +100,6 @@ class GraphMSAAttention(MSAAttention):
                             cache.index_scale(layer), **scales)
         if meta.telemetry is not None:  # an eager step (the engine turns graphs off for telemetry)
             keys = dequant_pages(k_cache, k_scale, meta, q.dtype)
-            observe_layer(layer, q, keys, plans.msa.topk_ids, meta, self.msa.topk, self.scale)
+            observe_layer(layer, q, keys, plans.msa.topk_ids, meta, self.msa.topk, self.scale,
+                          last=layer == self.last_msa_layer)
         return out

@@ -73,18 +73,23 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return hit.sum(-1) / (a >= 0).sum(-1).clamp(min=1)
 
 
-def row_metrics(p: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, hkv: int, block: int, topk: int
-                ) -> torch.Tensor:
-    """Probe rows: their dense probabilities p fp32 `[n, Hq, S]` (`dense_probs`; keys past a row's position have
-    0), positions `[n]`, the indexer's ids `[n, Hkv, topk]` -> fp32 `[6, n, Hkv]`: recall, mass_recall, mass,
+def block_mass(p: torch.Tensor, hkv: int, block: int) -> torch.Tensor:
+    """Dense probabilities fp32 `[n, Hq, S]` (`dense_probs`) -> each KV group's mean mass per block `[n, Hkv, nb]`."""
+    n, hq, s = p.shape
+    nb = -(-s // block)
+    mass = p.view(n, hkv, hq // hkv, s).sum(2) / (hq // hkv)
+    return torch.nn.functional.pad(mass, (0, nb * block - s)).view(n, hkv, nb, block).sum(-1)
+
+
+def row_metrics(mass: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor, block: int, topk: int) -> torch.Tensor:
+    """Probe rows: their block masses fp32 `[n, Hkv, nb]` (`block_mass`; blocks past a row's position have 0),
+    positions `[n]`, the indexer's ids `[n, Hkv, topk]` -> fp32 `[6, n, Hkv]`: recall, mass_recall, mass,
     keys_read, local_share, far_recall (NaN where the oracle keeps no far block; module docstring)."""
     from kernels.indexer.naive import select_blocks
 
-    n, hq, s = p.shape
-    g, nb, dev = hq // hkv, -(-s // block), p.device
+    n, hkv, nb = mass.shape
+    dev = mass.device
     bid = torch.arange(nb, device=dev)  # block ids
-    mass = p.view(n, hkv, g, s).sum(2) / g
-    mass = torch.nn.functional.pad(mass, (0, nb * block - s)).view(n, hkv, nb, block).sum(-1)  # [n, Hkv, nb]
     own = pos // block
     oracle = select_blocks(mass, own, topk)
 
@@ -142,8 +147,9 @@ class SelectionTelemetry:
         n, hq, s, hkv = q.shape[0], q.shape[1], k.shape[1], k.shape[0]
         pos = torch.arange(pos0, pos0 + n, device=q.device)
         chunk = max(1, chunk_elements(q.device) // (hq * s))
-        rows = torch.cat([row_metrics(dense_probs(q[c:c + chunk], k, pos[c:c + chunk], scale), pos[c:c + chunk],
-                                      ids[c:c + chunk], hkv, block, topk) for c in range(0, n, chunk)], dim=1)
+        rows = torch.cat([row_metrics(block_mass(dense_probs(q[c:c + chunk], k, pos[c:c + chunk], scale), hkv, block),
+                                      pos[c:c + chunk], ids[c:c + chunk], block, topk) for c in range(0, n, chunk)],
+                         dim=1)
         self.record(layer, pos0, ids, rows)
 
     def record(self, layer: int, pos0: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -208,11 +214,12 @@ class SelectionTelemetry:
 
 
 def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, meta: AttentionMeta,
-                  topk: int, scale: float) -> None:
+                  topk: int, scale: float, last: bool = False) -> None:
     """One MSA layer call: each request of the batch with an accumulator in `meta.telemetry` adds its probe rows.
-    q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding). The requests
-    with one probe query this step (decode tokens, whatever else the step holds) are measured at once
-    (`_observe_decode`), the prompt chunks one request at a time."""
+    q `[T, Hq, d]`, k_cache `[pages, Hkv, B, d]`, ids `[T, Hkv, topk]` (logical blocks, -1 padding). The prompt
+    chunks are measured one request at a time, now; the requests with one probe query this step (decode tokens,
+    whatever else the step holds) at once: their block masses now (`_block_masses`), the metrics of every layer
+    of the forward in one batch when the forward's last MSA layer (`last`) has been seen (`_flush`)."""
     accs = meta.telemetry or []
     if not accs:
         return
@@ -223,8 +230,9 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
         at = torch.as_tensor(rows, device=q.device)
         qs, sel, pt = q[at], ids[at], meta.page_table[torch.as_tensor(reqs, device=meta.page_table.device)]
     if reqs:
-        _observe_decode(layer, qs, k_cache, sel, [meta.kv_lens[r] for r in reqs], pt, [accs[r] for r in reqs], topk,
-                        scale)
+        kv_lens = [meta.kv_lens[r] for r in reqs]
+        mass = _block_masses(qs, k_cache, kv_lens, pt, scale)
+        meta.telemetry_pending.append((layer, mass, sel, kv_lens, [accs[r] for r in reqs]))
     batched = set(reqs)
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
@@ -233,20 +241,45 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
             k = gather_kv(k_cache, meta.page_lists[r], kl)
             acc.observe(layer, q[start:start + ql], k, kl - ql, ids[start:start + ql], k_cache.shape[2], topk, scale)
         start += ql
+    if last:
+        _flush(meta, k_cache.shape[2], topk)
 
 
-def _observe_decode(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch.Tensor, kv_lens: list[int],
-                    page_table: torch.Tensor, accs: list[SelectionTelemetry], topk: int, scale: float) -> None:
-    """`observe_layer` for requests of one query each (q `[R, Hq, d]`, ids `[R, Hkv, k]`, their lengths, page-table
-    rows and accumulators; every such query is a probe row): the rows of all of them measured at once
-    (`engine.msa.recall.decode_step_probs`, chunks of at most `chunk_elements` elements), with their layer and
-    decode overlaps, and handed to each accumulator as views. A loop over 64 requests x 27 layers per step made a
-    telemetry run several times slower than the attention it measures."""
+def _block_masses(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: list[int], page_table: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """Requests of one query each (q `[R, Hq, d]`, their lengths and page-table rows) -> their block masses
+    `[R, Hkv, nb]` (`block_mass`), every request at once (`engine.msa.recall.decode_step_probs`, chunks of at
+    most `chunk_elements` elements)."""
     hkv, block = k_cache.shape[1], k_cache.shape[2]
-    parts = [row_metrics(p, pos, ids[r0:r1], hkv, block, topk)
-             for r0, r1, pos, p in decode_step_probs(q, k_cache, kv_lens, page_table, scale,
-                                                                 chunk_elements(q.device))]
-    rows = torch.cat(parts, dim=1)  # [6, n, Hkv]
+    return torch.cat([block_mass(p, hkv, block) for _, _, _, p in
+                      decode_step_probs(q, k_cache, kv_lens, page_table, scale, chunk_elements(q.device))])
+
+
+def _flush(meta: AttentionMeta, block: int, topk: int) -> None:
+    """The forward's batched rows (`meta.telemetry_pending`, one entry per MSA layer): `row_metrics` of every layer
+    at once, then each layer's rows handed over in layer order (`_record_decode`). A loop over 64 requests x 27
+    layers made a telemetry run several times slower than the attention it measures; one `row_metrics` per layer
+    still cost ~110 kernels per layer and decode step."""
+    pending, meta.telemetry_pending = meta.telemetry_pending, []
+    groups: dict[tuple, list] = {}  # the same requests and block count in every layer of a forward, in practice
+    for entry in pending:
+        layer, mass, sel, kv_lens, accs = entry
+        groups.setdefault((tuple(map(id, accs)), mass.shape), []).append(entry)
+    for entries in groups.values():
+        kv_lens = entries[0][3]
+        pos = torch.tensor(kv_lens, device=entries[0][1].device) - 1
+        n = len(kv_lens)
+        rows = row_metrics(torch.cat([e[1] for e in entries]), pos.repeat(len(entries)),
+                           torch.cat([e[2] for e in entries]), block, topk)  # [6, L * n, Hkv]
+        for i, (layer, _, sel, _, accs) in enumerate(entries):
+            _record_decode(layer, rows[:, i * n:(i + 1) * n], sel, kv_lens, accs)
+
+
+def _record_decode(layer: int, rows: torch.Tensor, ids: torch.Tensor, kv_lens: list[int],
+                   accs: list[SelectionTelemetry]) -> None:
+    """One layer's measured rows (`row_metrics`' `[6, R, Hkv]`) of requests with one query each (ids `[R, Hkv, k]`,
+    their lengths and accumulators), with their layer and decode overlaps computed at once, handed to each
+    accumulator as views."""
     pos0 = [kl - 1 for kl in kv_lens]
     prev = [a._last_layer for a in accs]
     last = [a._last_token.get(layer) for a in accs]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import EngineError
-from engine.msa.telemetry import METRICS, SelectionTelemetry, TelemetryConfig, overlap, row_metrics
+from engine.msa.telemetry import METRICS, SelectionTelemetry, TelemetryConfig, block_mass, overlap, row_metrics
 
 PROMPT = 600  # 5 blocks of 128: top-4 must choose
 SHORT = 300  # 3 blocks: top-4 keeps every block
@@ -128,8 +128,9 @@ def test_far_recall_sees_the_needle_block_that_recall_averages_away():
     p = torch.zeros(1, 1, 20)
     p[0, 0, [0, 9, 13, 19]] = torch.tensor([0.3, 0.3, 0.2, 0.2])  # blocks 0, 2, 3, own (4)
     pos = torch.tensor([19])
-    miss = row_metrics(p, pos, torch.tensor([[[0, 1, 3, 4]]]), 1, 4, 4)
-    hit = row_metrics(p, pos, torch.tensor([[[0, 2, 3, 4]]]), 1, 4, 4)
+    mass = block_mass(p, 1, 4)
+    miss = row_metrics(mass, pos, torch.tensor([[[0, 1, 3, 4]]]), 4, 4)
+    hit = row_metrics(mass, pos, torch.tensor([[[0, 2, 3, 4]]]), 4, 4)
     far = METRICS.index("far_recall")
     assert miss[0].item() == pytest.approx(0.75) and miss[far].item() == 0.0
     assert hit[0].item() == 1.0 and hit[far].item() == 1.0
@@ -190,6 +191,31 @@ def _engine_telemetry(eng, n: int = 700) -> dict:
     return seq.metrics()["msa_telemetry"]
 
 
+def test_requests_decoded_together_measure_what_each_measures_alone():
+    """Three requests of unequal prompts through the engine at once, prefill chunks of 512 tokens beside the others'
+    decode tokens (mixed steps), the decode tokens measured in one batch per layer and handed over after the last
+    MSA layer: each request's telemetry equals its telemetry run alone (and msa-oracle's recall stays 1)."""
+    from engine.requests import Request
+    from engine.sampling import SamplingParams
+
+    lens = (700, 300, 1200)
+    for kind in ("msa", "msa-oracle"):
+        eng = _random_engine("cpu", kind, chunk=512)
+        reqs = [Request(f"r{i}", [t % 1000 for t in _ids(n)], SamplingParams(max_tokens=TOKENS, ignore_eos=True))
+                for i, n in enumerate(lens)]
+        for _ in eng.stream(reqs):
+            pass
+        together = [eng.pop_finished(f"r{i}").metrics()["msa_telemetry"] for i in range(len(lens))]
+        for n, tel in zip(lens, together, strict=True):
+            alone = _engine_telemetry(_random_engine("cpu", kind, chunk=512), n)
+            assert tel["decode_tokens"] == alone["decode_tokens"] == TOKENS - 1 and tel["prefill_probes"] == 64
+            assert tel["layers"] == alone["layers"] and tel["decode_overlap"] is not None
+            for m in METRICS:
+                assert tel["mean"][m] == pytest.approx(alone["mean"][m], abs=1e-3), (kind, n, m)
+            if kind == "msa-oracle":
+                assert tel["mean"]["recall"] == 1.0
+
+
 def test_chunked_prefill_measures_the_same_probes():
     """Probes split over two prefill chunks (636..671 in the first of 672 tokens) give the one-chunk result."""
     whole = _engine_telemetry(_random_engine("cpu", "msa"))
@@ -247,7 +273,7 @@ def test_decode_steps_measured_at_once_equal_one_request_at_a_time():
             far = torch.randint(0, 1 << 20, ids.shape[:2], generator=g, dtype=torch.int32)
             ids[:, :, 1] = torch.where(own > 1, far % (own - 1).clamp(min=1) + 1, 0)
             ids[:, :, 2] = own
-            observe_layer(layer, q, kc, ids, meta, k, 0.125)
+            observe_layer(layer, q, kc, ids, meta, k, 0.125, last=layer == 3)
             start = 0
             for r, (n, pl, ql) in enumerate(zip(at, meta.page_lists, q_lens, strict=True)):
                 alone[r].observe(layer, q[start:start + ql], gather_kv(kc, pl, n), n - ql, ids[start:start + ql], B,
