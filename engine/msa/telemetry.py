@@ -265,14 +265,17 @@ def _flush(meta: AttentionMeta, block: int, topk: int) -> None:
     for entry in pending:
         layer, mass, sel, kv_lens, accs = entry
         groups.setdefault((tuple(map(id, accs)), mass.shape), []).append(entry)
-    for entries in groups.values():
-        kv_lens = entries[0][3]
-        pos = torch.tensor(kv_lens, device=entries[0][1].device) - 1
+    for group in groups.values():
+        kv_lens, mass0 = group[0][3], group[0][1]
+        pos = torch.tensor(kv_lens, device=mass0.device) - 1
         n = len(kv_lens)
-        rows = row_metrics(torch.cat([e[1] for e in entries]), pos.repeat(len(entries)),
-                           torch.cat([e[2] for e in entries]), block, topk)  # [6, L * n, Hkv]
-        for i, (layer, _, sel, _, accs) in enumerate(entries):
-            _record_decode(layer, rows[:, i * n:(i + 1) * n], sel, kv_lens, accs)
+        per = max(1, chunk_elements(mass0.device) // mass0.numel())  # layers per row_metrics call
+        for c in range(0, len(group), per):
+            entries = group[c:c + per]
+            rows = row_metrics(torch.cat([e[1] for e in entries]), pos.repeat(len(entries)),
+                               torch.cat([e[2] for e in entries]), block, topk)  # [6, layers * n, Hkv]
+            for i, (layer, _, sel, _, accs) in enumerate(entries):
+                _record_decode(layer, rows[:, i * n:(i + 1) * n], sel, kv_lens, accs)
 
 
 def _record_decode(layer: int, rows: torch.Tensor, ids: torch.Tensor, kv_lens: list[int],

@@ -244,15 +244,20 @@ def test_gpu_triton_path_with_eager_decode():
         assert _engine_telemetry(_random_engine("cuda", "msa-oracle", bf16, m3))["mean"]["recall"] == 1.0
 
 
-def test_decode_steps_measured_at_once_equal_one_request_at_a_time():
+@pytest.mark.parametrize("budget", [None, 64], ids=["one-chunk", "tiny-chunks"])  # 64: a request / a layer a chunk
+def test_decode_steps_measured_at_once_equal_one_request_at_a_time(monkeypatch, budget):
     """`observe_layer` on steps of one query per request (scattered pages, unequal lengths) adds to every
     accumulator what `observe` adds for that request alone: two steps (the second has a previous token: decode
     overlap) over two layers (layer overlap); then a step where one request is still a prompt token (its stage
     differs from the others'); then a mixed step, a new request's prompt chunk (probe rows) beside the decode
     tokens, as continuous batching runs them (the decode tokens still measured at once)."""
     from engine.attention.dense import gather_kv
+    from engine.msa import recall
     from engine.msa.telemetry import observe_layer
     from engine.testing import decode_step_meta
+
+    if budget:
+        monkeypatch.setitem(recall.CHUNK_ELEMENTS, "cpu", budget)
 
     g = torch.Generator().manual_seed(4)
     hq, hkv, d, B, k = 8, 2, 64, 128, 4
