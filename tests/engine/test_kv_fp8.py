@@ -185,7 +185,7 @@ def test_rotated_rope_cache_paths_agree(fp8):
     for got_q, got in ((q_rows, rows), (q_unf, unfused)):
         torch.testing.assert_close(got_q.float(), q_ref, rtol=1e-5, atol=1e-5)
         for a, b in zip(ref[:2], got[:2], strict=True):
-            if fp8:  # e4m3 codes of fp32 values equal to summation order: at most a rare one-code difference
+            if fp8:  # e4m3 codes of fp32 values equal up to summation order: a rare one-code difference
                 diff = (a.view(torch.uint8).int() - b.view(torch.uint8).int()).abs()
                 assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
             else:
