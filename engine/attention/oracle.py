@@ -28,16 +28,13 @@ def oracle_ids(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMeta, topk
 
     hq, hkv, block = q.shape[1], k_cache.shape[1], k_cache.shape[2]
     limit = chunk_elements(q.device)
-    reqs, rows = single_query_rows(meta)
-    if len(reqs) == len(meta.q_lens):  # a decode step: every request scored at once
-        return _decode_ids(q, k_cache, meta.kv_lens, meta.page_table, topk, scale, limit)
+    one = single_query_rows(meta)
+    if one is not None and one.every:  # a decode step: every request scored at once
+        return _decode_ids(q, k_cache, one.kv_lens, one.page_table, topk, scale, limit)
     out = torch.full((q.shape[0], hkv, topk), -1, dtype=torch.int32, device=q.device)
-    if reqs:  # the decode tokens of a mixed step, at once; the prompt chunks below one at a time
-        at = torch.as_tensor(rows, device=q.device)
-        out[at] = _decode_ids(q[at], k_cache, [meta.kv_lens[r] for r in reqs],
-                              meta.page_table[torch.as_tensor(reqs, device=meta.page_table.device)], topk, scale,
-                              limit)
-    batched = set(reqs)
+    if one is not None:  # the decode tokens of a mixed step, at once; the prompt chunks below one at a time
+        out[one.at] = _decode_ids(q[one.at], k_cache, one.kv_lens, one.page_table, topk, scale, limit)
+    batched = set(one.reqs) if one is not None else set()
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         if r in batched:

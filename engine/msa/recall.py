@@ -5,6 +5,8 @@ Reference math in fp32, one request at a time, queries in chunks (no `[T, S]` be
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from engine.attention.dense import gather_kv, gather_pages
@@ -57,18 +59,42 @@ def decode_step_probs(q: torch.Tensor, k_cache: torch.Tensor, kv_lens: list[int]
         yield r0, r1, pos[r0:r1], dense_probs_rows(q[r0:r1], k, pos[r0:r1], scale)
 
 
-def single_query_rows(meta: AttentionMeta, keep=None) -> tuple[list[int], list[int]]:
-    """The requests of a step with one query token each (decode tokens; `keep(r)` may drop some) and their rows in
-    the packed q, when there are at least two of them (else two empty lists): the readers that score every
-    query against its whole context (oracle selection, telemetry) take these in one batch, whatever else the
-    step holds (a mixed step of prefill chunks and decode tokens is the common one under continuous batching)."""
+@dataclass(frozen=True)
+class SingleQueryRows:
+    """The requests of a step with one query token each (`single_query_rows`): their indices `reqs`, lengths
+    `kv_lens`, page-table rows `page_table` and their rows of the packed q, `at` (a slice when every request of
+    the step is one, else an index tensor: `x[at]` takes them from q, ids or a step-sized output)."""
+
+    reqs: list[int]
+    kv_lens: list[int]
+    page_table: torch.Tensor
+    at: slice | torch.Tensor
+
+    @property
+    def every(self) -> bool:
+        """Every request of the step has one query (a decode step): `at` is the slice of the first R rows."""
+        return isinstance(self.at, slice)
+
+
+def single_query_rows(meta: AttentionMeta, keep=None) -> SingleQueryRows | None:
+    """The requests of a step with one query token each (decode tokens; `keep(r)` may drop some), when there are
+    at least two of them (else None): the readers that score every query against its whole context (oracle
+    selection, telemetry) take these in one batch, whatever else the step holds (a mixed step of prefill chunks
+    and decode tokens is the common one under continuous batching)."""
     reqs, rows, start = [], [], 0
     for r, ql in enumerate(meta.q_lens):
         if ql == 1 and (keep is None or keep(r)):
             reqs.append(r)
             rows.append(start)
         start += ql
-    return (reqs, rows) if len(reqs) > 1 else ([], [])
+    if len(reqs) < 2:
+        return None
+    kv_lens = [meta.kv_lens[r] for r in reqs]
+    if len(reqs) == len(meta.q_lens):
+        return SingleQueryRows(reqs, kv_lens, meta.page_table, slice(0, len(reqs)))
+    pt = meta.page_table
+    return SingleQueryRows(reqs, kv_lens, pt[torch.as_tensor(reqs, device=pt.device)],
+                           torch.as_tensor(rows, device=pt.device))
 
 
 def block_mask(ids: torch.Tensor, seq_len: int, block: int, group: int) -> torch.Tensor:

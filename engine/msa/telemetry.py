@@ -223,17 +223,13 @@ def observe_layer(layer: int, q: torch.Tensor, k_cache: torch.Tensor, ids: torch
     accs = meta.telemetry or []
     if not accs:
         return
-    reqs, rows = single_query_rows(meta, lambda r: accs[r] is not None and meta.kv_lens[r] - 1 >= accs[r].probe_from)
-    if len(reqs) == len(meta.q_lens):  # a decode step (a decode plan reuses its ids buffer, padded past the batch)
-        qs, sel, pt = q, ids[:q.shape[0]].clone(), meta.page_table
-    elif reqs:  # the decode tokens of a mixed step (indexing copies)
-        at = torch.as_tensor(rows, device=q.device)
-        qs, sel, pt = q[at], ids[at], meta.page_table[torch.as_tensor(reqs, device=meta.page_table.device)]
-    if reqs:
-        kv_lens = [meta.kv_lens[r] for r in reqs]
-        mass = _block_masses(qs, k_cache, kv_lens, pt, scale)
-        meta.telemetry_pending.append((layer, mass, sel, kv_lens, [accs[r] for r in reqs]))
-    batched = set(reqs)
+    one = single_query_rows(meta, lambda r: accs[r] is not None and meta.kv_lens[r] - 1 >= accs[r].probe_from)
+    if one is not None:
+        # a decode step's ids are a view of the decode plan's buffer (reused next step): a copy; indexing copies
+        sel = ids[one.at].clone() if one.every else ids[one.at]
+        mass = _block_masses(q[one.at], k_cache, one.kv_lens, one.page_table, scale)
+        meta.telemetry_pending.append((layer, mass, sel, one.kv_lens, [accs[r] for r in one.reqs]))
+    batched = set(one.reqs) if one is not None else set()
     start = 0
     for r, (ql, kl) in enumerate(zip(meta.q_lens, meta.kv_lens, strict=True)):
         acc = accs[r]
